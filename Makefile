@@ -1,0 +1,34 @@
+# Two commands do all set-up on a fresh machine (Python 3.11):
+#   make quickstart   venv + pinned install + prepare the embedded corpus + train + eval + sample
+#   make test         the full test suite (.ci/run calls exactly this)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= data/python_stdlib
+
+.PHONY: install quickstart data test clean
+
+install: $(VENV)/.installed
+
+# The lock holds every package at a tested version (t5 included, whose own metadata would pull
+# in nightlies); installing it with --no-deps makes the environment exactly the tested one.
+$(VENV)/.installed: requirements/lock.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/lock.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+data: $(DATA_DIR)/metadata.json
+
+$(DATA_DIR)/metadata.json: | install
+	$(BIN)/t5x-lite prepare --input=python_stdlib --out=$(DATA_DIR) --vocab_size=4096 --num_shards=4
+
+quickstart: install data
+	$(BIN)/t5x-lite train --gin_file=runs/quickstart.gin --gin.DATA_DIR="'$(DATA_DIR)'"
+	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs/quickstart

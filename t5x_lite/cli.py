@@ -1,0 +1,41 @@
+"""The `t5x-lite` command: one entry point for every job.
+
+    t5x-lite prepare --input=PATH --out=DIR      text/jsonl -> SentencePiece vocab + TFRecords
+    t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
+    t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Sequence
+
+COMMANDS = {
+    "prepare": ("t5x_lite.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
+    "train": ("t5x_lite.train", "run the gin-configured train loop"),
+    "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: t5x-lite <command> [flags]   (t5x-lite <command> --help for its flags)", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"error: unknown command {command!r}\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Gin configuration: T5X-style flags, search paths, and the registry of configurables.
+
+Flags (same as t5x): `--gin_file=FILE` (repeatable, applied in order), `--gin.KEY=VALUE`
+(a binding, applied after all files), `--gin_search_paths=DIR[,DIR...]`. Files are looked up
+in the search paths, then the current directory, then the project's own gin/ folder, which
+is found both in a checkout and in an installed package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+import gin
+
+
+class ConfigError(ValueError):
+    """A gin file or binding is invalid; the message names the file, line or binding."""
+
+
+def builtin_gin_dir() -> Path:
+    """gin/ of a checkout, or the copy shipped inside the installed package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "gin", here / "gin_configs"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError(f"The gin/ folder was not found beside {here}; reinstall t5x_lite.")
+
+
+def lm_task(*, name: str, data_dir: str) -> str:
+    """Registers the LM task `name` over a prepared data directory and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      data_dir: a directory written by `t5x-lite prepare`.
+    """
+    from tasks import lm
+
+    return lm.lm_task(name=name, data_dir=data_dir)
+
+
+def register_configurables() -> None:
+    """Makes the library's functions and config classes bindable by these gin names."""
+    if "train" in {name for name in _registered_names()}:
+        return
+    from t5x_lite import data, loops, optim, trainer
+    from t5x_lite.models import decoder_only
+
+    gin.external_configurable(loops.train, "train")
+    gin.external_configurable(decoder_only.DecoderConfig, "DecoderConfig")
+    gin.external_configurable(data.DataConfig, "DataConfig")
+    gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
+    gin.external_configurable(trainer.LossConfig, "LossConfig")
+    gin.external_configurable(lm_task, "lm_task")
+
+
+def _registered_names() -> list[str]:
+    return [name for name, _ in gin.config._REGISTRY.items()]  # noqa: SLF001 (no public listing API)
+
+
+def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
+    """Splits argv into (gin files, gin bindings, search paths, remaining args)."""
+    files, bindings, paths, rest = [], [], [], []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        key, eq, value = arg.partition("=")
+        if key in ("--gin_file", "--gin_search_paths") and not eq:
+            if not args:
+                raise ConfigError(f"{key} needs a value.")
+            value = args.pop(0)
+        if key == "--gin_file":
+            files.append(value)
+        elif key == "--gin_search_paths":
+            paths.extend(p for p in value.split(",") if p)
+        elif key.startswith("--gin.") and eq:
+            bindings.append(f"{key[len('--gin.'):]} = {value}")
+        else:
+            rest.append(arg)
+    return files, bindings, paths, rest
+
+
+def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
+          gin_search_paths: Sequence[str] = ()) -> None:
+    """Parses gin files then bindings into gin's global config (cleared first)."""
+    register_configurables()
+    gin.clear_config()
+    for path in [*gin_search_paths, os.getcwd(), str(builtin_gin_dir())]:
+        gin.add_config_file_search_path(path)
+    if not gin_files:
+        raise ConfigError("No --gin_file given; for example --gin_file=runs/quickstart.gin.")
+    try:
+        with _quiet_search_misses():
+            gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
+    except IOError as e:
+        raise ConfigError(f"{e}\nGin files are searched in: {', '.join(gin_search_paths) or '(no --gin_search_paths)'}, "
+                          f"the current directory, and {builtin_gin_dir()}.") from None
+    except (ValueError, SyntaxError) as e:
+        raise ConfigError(_with_suggestion(str(e))) from None
+
+
+@contextlib.contextmanager
+def _quiet_search_misses():
+    """Hides gin's 'Path not found' log line for each search path that lacks a file."""
+    def drop_misses(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Path not found")
+
+    root = logging.getLogger()
+    root.addFilter(drop_misses)
+    try:
+        yield
+    finally:
+        root.removeFilter(drop_misses)
+
+
+def _with_suggestion(message: str) -> str:
+    """Adds 'did you mean' for an unknown configurable or parameter named in a gin error."""
+    match = re.search(r"No configurable matching '([^']+)'", message)
+    if match:
+        names = _registered_names()
+        close = difflib.get_close_matches(match.group(1), names, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        return f"{message}\n{hint} Configurables: {', '.join(sorted(n for n in names if '.' not in n))}."
+    match = re.search(r"'([^']+)' is not a parameter of '([^']+)'", message) or re.search(
+        r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if match:
+        return message + _parameter_hint(message)
+    return message
+
+
+def _parameter_hint(message: str) -> str:
+    for name, selectable in gin.config._REGISTRY.items():  # noqa: SLF001
+        if f"'{name}'" in message or f"'{name.split('.')[-1]}'" in message:
+            params = _params_of(selectable.wrapped)
+            bad = re.findall(r"'([^']+)'", message)
+            close = [c for b in bad for c in difflib.get_close_matches(b, params, n=2)]
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            return f"\n{hint} Parameters of {name}: {', '.join(params)}."
+    return ""
+
+
+def _params_of(fn_or_cls) -> list[str]:
+    import inspect
+
+    target = fn_or_cls.__init__ if inspect.isclass(fn_or_cls) else fn_or_cls
+    return [p for p in inspect.signature(target).parameters if p != "self"]

@@ -1,0 +1,339 @@
+"""The train loop: validate, build, restore or initialise, then step / eval / checkpoint.
+
+Everything the run needs arrives as keyword arguments, bound by gin (see gin/runs/).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import shutil
+import sys
+import time
+from typing import Any, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from t5x_lite import checkpoint as checkpoint_lib
+from t5x_lite import data as data_lib
+from t5x_lite import decoding, metrics, partitioning
+from t5x_lite import trainer as trainer_lib
+from t5x_lite.models import decoder_only
+from t5x_lite.optim import OptimizerConfig
+
+
+class RunConfigError(ValueError):
+    """The configuration cannot work; the message names the fix. Raised before any compute."""
+
+
+def _validate(*, model: decoder_only.DecoderConfig, train_data: data_lib.DataConfig,
+              eval_data: data_lib.DataConfig | None, train_steps: int | None, num_epochs: int | None,
+              microbatches: int, batch_shards: int) -> int:
+    """Checks sizes against each other and the data; returns the vocabulary size."""
+    if train_steps is None and num_epochs is None:
+        raise RunConfigError("Set TRAIN_STEPS or train.num_epochs (or both: the run stops at the first).")
+    for cfg in filter(None, (train_data, eval_data)):
+        if cfg.sequence_length > model.max_len:
+            raise RunConfigError(
+                f"{cfg.split} sequence_length={cfg.sequence_length} does not fit the model's "
+                f"max_len={model.max_len}; lower the sequence length or raise DecoderConfig.max_len."
+            )
+        if cfg.batch_size % jax.process_count():
+            raise RunConfigError(f"batch_size={cfg.batch_size} must divide over {jax.process_count()} processes.")
+        if cfg.batch_size % batch_shards:
+            raise RunConfigError(
+                f"{cfg.split} batch_size={cfg.batch_size} must be a multiple of the {batch_shards} "
+                "batch shards of the mesh; change the batch size or the mesh."
+            )
+    if train_data.batch_size % (microbatches * batch_shards):
+        raise RunConfigError(
+            f"batch_size={train_data.batch_size} must be a multiple of microbatches x batch shards "
+            f"= {microbatches} x {batch_shards}."
+        )
+    vocab_size = data_lib.vocabulary_size(train_data)
+    if not vocab_size <= model.vocab_size < _round_up(vocab_size, 128) + 1:
+        raise RunConfigError(
+            f"The task's vocabulary has {vocab_size} entries but DecoderConfig.vocab_size="
+            f"{model.vocab_size}; set --gin.DecoderConfig.vocab_size={vocab_size} (or up to "
+            f"{_round_up(vocab_size, 128)}, padded to a multiple of 128)."
+        )
+    return vocab_size
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def import_task_module(name: str) -> None:
+    """Imports a user's module of seqio task registrations (t5x's MIXTURE_OR_TASK_MODULE)."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise RunConfigError(f"Cannot import the task module {name!r} ({e}); make it importable from "
+                             "the current directory or PYTHONPATH.") from None
+
+
+def run_metadata(*, model: decoder_only.DecoderConfig, train_data: data_lib.DataConfig, vocab_size: int,
+                 mesh_axes: Any) -> dict:
+    """What `checkpoint info` shows and what a resumed run is checked against."""
+    return {
+        "family": "decoder_only",
+        "model": model.to_dict(),
+        "task": train_data.mixture_or_task_name,
+        "vocab_size": vocab_size,
+        "sequence_length": train_data.sequence_length,
+        "mesh_axes": [list(a) for a in (mesh_axes.items() if isinstance(mesh_axes, dict) else mesh_axes)],
+        "num_params": model.num_params(),
+    }
+
+
+def _write_config(model_dir: str, config_text: str, vocabulary_file: str | None) -> None:
+    os.makedirs(model_dir, exist_ok=True)
+    tmp = os.path.join(model_dir, "config.gin.tmp")
+    with open(tmp, "w") as f:
+        f.write(config_text)
+    os.replace(tmp, os.path.join(model_dir, "config.gin"))
+    if vocabulary_file:
+        os.makedirs(os.path.join(model_dir, "vocab"), exist_ok=True)
+        shutil.copyfile(vocabulary_file, os.path.join(model_dir, "vocab", "spm.model"))
+
+
+def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
+             max_batches: int | None = None) -> dict[str, float]:
+    """Mean per-token cross entropy and perplexity over the split (or its first max_batches)."""
+    host_batch = config.batch_size // jax.process_count()
+    iterator = data_lib.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
+                                      shard_index=jax.process_index(), num_shards=jax.process_count())
+    totals = {"loss_sum": 0.0, "weight_sum": 0.0}
+    for i, batch in enumerate(iterator):
+        if max_batches is not None and i >= max_batches:
+            break
+        sums = trainer.eval_step(params, partitioning.host_batch_to_global(batch, trainer.batch_sharding))
+        for k in totals:
+            totals[k] += float(sums[k])
+    if totals["weight_sum"] == 0:
+        raise RunConfigError(f"The {config.split} split of {config.mixture_or_task_name!r} is empty; "
+                             "prepare it with a validation fraction > 0.")
+    loss = totals["loss_sum"] / totals["weight_sum"]
+    return {"loss": loss, "perplexity": metrics.perplexity(loss), "tokens": totals["weight_sum"]}
+
+
+def _count_steps_per_epoch(config: data_lib.DataConfig, host_batch: int) -> int:
+    dataset = data_lib.epoch_dataset(config, epoch=0, host_batch_size=host_batch,
+                                     shard_index=jax.process_index(), num_shards=jax.process_count())
+    return int(dataset.reduce(0, lambda n, _: n + 1).numpy())
+
+
+def train(
+    *,
+    model_dir: str,
+    model: decoder_only.DecoderConfig,
+    train_data: data_lib.DataConfig,
+    eval_data: data_lib.DataConfig | None = None,
+    optimizer: OptimizerConfig = OptimizerConfig(),
+    loss: trainer_lib.LossConfig = trainer_lib.LossConfig(),
+    mesh_axes: Sequence[tuple[str, int]] = (("data", -1), ("model", 1)),
+    logical_axis_rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
+    train_steps: int | None = None,
+    num_epochs: int | None = None,
+    microbatches: int = 1,
+    eval_period: int = 0,
+    eval_batches: int | None = None,
+    checkpoint_period: int = 0,
+    keep_checkpoints: int = 3,
+    log_period: int = 10,
+    seed: int = 0,
+    peak_flops_per_device: float | None = None,
+    init_loss_tolerance: float = 1.0,
+    sample_prompt: str | None = None,
+    sample_max_new_tokens: int = 64,
+    progress_bar: bool | None = None,
+    task_module: str | None = None,
+) -> dict[str, float]:
+    """Trains the decoder-only LM and returns the last train and eval metrics.
+
+    Args:
+      model_dir: where checkpoints, config.gin and TensorBoard logs go; a run resumes from
+        the latest checkpoint found here.
+      model: the model's sizes and switches.
+      train_data / eval_data: the task, split and batching of training and evaluation.
+      optimizer: AdamW + schedule + clipping settings.
+      loss: z-loss and label smoothing.
+      mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices).
+      logical_axis_rules: (logical axis, mesh axis or None) pairs.
+      train_steps: stop after this many optimizer steps (None: no step limit).
+      num_epochs: stop at the end of this many passes over the train split (None: no limit).
+      microbatches: split each batch into this many microbatches and accumulate gradients.
+      eval_period: evaluate every this many steps (0: only at the end).
+      eval_batches: evaluate on at most this many batches (None: the whole split).
+      checkpoint_period: save every this many steps (0: only at the end).
+      keep_checkpoints: how many recent checkpoints to keep.
+      log_period: steps between metric reports (each report syncs with the device).
+      seed: seeds parameter init and dropout (the data seed is train_data.seed).
+      peak_flops_per_device: peak FLOP/s of one device, for MFU (None: MFU not reported).
+      init_loss_tolerance: warn when the step-0 loss is further than this from ln(vocab).
+      sample_prompt: after training, print a sample continuing this prompt (None: no sample).
+      sample_max_new_tokens: length of that sample.
+      progress_bar: show a progress bar (None: only when stderr is a terminal).
+      task_module: a module to import first that registers the user's own seqio tasks.
+    """
+    if task_module:
+        import_task_module(task_module)
+    model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    mesh = partitioning.make_mesh(axes=mesh_axes)
+    batch_shards = partitioning.num_batch_shards(mesh, logical_axis_rules)
+    vocab_size = _validate(model=model, train_data=train_data, eval_data=eval_data, train_steps=train_steps,
+                           num_epochs=num_epochs, microbatches=microbatches, batch_shards=batch_shards)
+    metadata = run_metadata(model=model, train_data=train_data, vocab_size=vocab_size, mesh_axes=mesh_axes)
+    is_chief = jax.process_index() == 0
+
+    # Decide what to start from before anything is written to the model directory.
+    checkpoints = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints, create=False)
+    latest = checkpoints.latest_step()
+    if latest is not None:
+        checkpoint_lib.check_compatible(checkpoints.metadata(latest), metadata, model_dir=model_dir)
+
+    host_batch = train_data.batch_size // jax.process_count()
+    steps_per_epoch = _count_steps_per_epoch(train_data, host_batch) if num_epochs else None
+    total_steps = min(s for s in (train_steps, steps_per_epoch and steps_per_epoch * num_epochs) if s)
+    tx = optimizer.build(total_steps)
+    trainer = trainer_lib.Trainer(
+        model=decoder_only.Decoder(model), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
+        mesh=mesh, rules=logical_axis_rules, loss_config=loss, microbatches=microbatches,
+    )
+    iterator = data_lib.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
+                                      shard_index=jax.process_index(), num_shards=jax.process_count())
+    example = {"decoder_input_tokens": np.zeros((train_data.batch_size, train_data.sequence_length), np.int32)}
+    abstract_state = trainer.abstract_state(example)
+
+    if is_chief:
+        task = data_lib.get_task(train_data.mixture_or_task_name)
+        vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
+        _write_config(model_dir, gin.operative_config_str(), vocabulary_file)
+    checkpoints = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints)
+    writer = metrics.MetricsWriter(model_dir, total_steps=total_steps, initial_step=latest or 0,
+                                   enabled=is_chief, progress_bar=progress_bar)
+    writer.print(f"model: decoder_only, {model.num_params():,} parameters "
+                 f"({model.num_params() - 2 * model.vocab_size * model.emb_dim:,} non-embedding); "
+                 f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
+    if steps_per_epoch:
+        writer.print(f"data: {steps_per_epoch} steps per epoch of {train_data.mixture_or_task_name!r} "
+                     f"(counted on epoch 0), {num_epochs} epoch(s)")
+
+    if latest is not None:
+        writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
+        saved, iterator_state, _ = checkpoints.restore(
+            latest, abstract_state=checkpoint_lib.to_saveable(abstract_state))
+        state = trainer_lib.TrainState(**saved)
+        iterator.set_state(iterator_state)
+    else:
+        writer.print(f"No checkpoint in {model_dir}: initialising from seed {seed}.")
+        state = trainer.init_state(jax.random.PRNGKey(seed), example)
+
+    dropout_rng = jax.random.PRNGKey(seed + 1)
+    step = int(state.step)
+    flops_per_token = model.flops_per_token(train_data.sequence_length)
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] = {}
+    window: list[dict[str, jax.Array]] = []
+    window_start = time.perf_counter()
+    last_saved = latest
+
+    def save():
+        nonlocal last_saved
+        checkpoints.save(step, state=checkpoint_lib.to_saveable(state), iterator_state=iterator.get_state(),
+                         metadata={**metadata, "step": step})
+        last_saved = step
+
+    def run_eval():
+        result = evaluate(trainer, state.params, eval_data, max_batches=eval_batches)
+        writer.scalars("eval", step, result)
+        writer.print(f"step {step}: validation loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} "
+                     f"({int(result['tokens'])} tokens)")
+        return result
+
+    try:
+        for batch in iterator:
+            if train_steps is not None and step >= train_steps:
+                break
+            global_batch = partitioning.host_batch_to_global(batch, trainer.batch_sharding)
+            if step == 0:
+                _sanity_check_initial_loss(trainer, state.params, global_batch, model.vocab_size,
+                                           init_loss_tolerance, writer)
+            state, step_metrics = trainer.train_step(state, global_batch, dropout_rng)
+            step += 1
+            window.append(step_metrics)
+            if step % log_period == 0 or (train_steps is not None and step == train_steps):
+                sums = {k: float(sum(m[k] for m in jax.device_get(window))) for k in window[0]}
+                elapsed = time.perf_counter() - window_start
+                tokens = len(window) * train_data.batch_size * train_data.sequence_length
+                last_train = metrics.summarize_train_metrics(sums, steps=len(window))
+                if not math.isfinite(last_train["loss"]):
+                    raise FloatingPointError(
+                        f"The training loss is {last_train['loss']} at step {step}; lower the learning "
+                        "rate, enable clipping, or check the data. The last good checkpoint is untouched.")
+                last_train["tokens_per_second"] = metrics.tokens_per_second(tokens, elapsed)
+                if peak_flops_per_device:
+                    last_train["mfu"] = metrics.model_flops_utilization(
+                        flops_per_token=flops_per_token, tokens_per_second=last_train["tokens_per_second"],
+                        peak_flops_per_device=peak_flops_per_device, num_devices=jax.device_count())
+                writer.scalars("train", step, last_train)
+                shown = {"loss": last_train["loss"], "tok/s": last_train["tokens_per_second"]}
+                if "mfu" in last_train:
+                    shown["mfu"] = last_train["mfu"]
+                writer.progress(step, shown)
+                window, window_start = [], time.perf_counter()
+            if eval_data is not None and eval_period and step % eval_period == 0:
+                last_eval = run_eval()
+            if checkpoint_period and step % checkpoint_period == 0:
+                save()
+        if eval_data is not None and (not eval_period or step % eval_period):
+            last_eval = run_eval()
+        if last_saved != step:
+            save()
+        checkpoints.wait()
+        writer.print(f"Saved checkpoint at step {step} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
+        if sample_prompt is not None and is_chief:
+            vocabulary = data_lib.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
+            text = sample_text(model=model, params=state.params, vocabulary=vocabulary, prompt=sample_prompt,
+                               max_new_tokens=sample_max_new_tokens, seed=seed)
+            writer.print(f"sample:\n{sample_prompt}{text}")
+    finally:
+        checkpoints.close()
+        writer.close()
+    return {**{f"train/{k}": v for k, v in last_train.items()},
+            **{f"eval/{k}": v for k, v in last_eval.items()}, "step": step}
+
+
+def sample_text(*, model: decoder_only.DecoderConfig, params: Any, vocabulary: Any, prompt: str,
+                max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
+                top_p: float = 1.0) -> str:
+    """Decodes a continuation of `prompt` as text."""
+    params = jax.device_get(params)
+    tokens = decoding.generate(
+        model=decoder_only.Decoder(model), params=params, prompt=list(vocabulary.encode(prompt)),
+        max_new_tokens=max_new_tokens, max_len=model.max_len, rng=jax.random.PRNGKey(seed),
+        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id,
+    )
+    return vocabulary.decode(tokens)
+
+
+def _sanity_check_initial_loss(trainer, params, batch, vocab_size: int, tolerance: float,
+                               writer: metrics.MetricsWriter) -> None:
+    """Warns when the untrained model's loss is far from ln(vocab), the uniform-guess loss."""
+    sums = trainer.eval_step(params, batch)
+    loss = float(sums["loss_sum"]) / max(float(sums["weight_sum"]), 1.0)
+    expected = math.log(vocab_size)
+    if abs(loss - expected) > tolerance:
+        writer.print(
+            f"WARNING: the initial loss {loss:.3f} is far from ln(vocab_size)={expected:.3f}. Likely causes: "
+            "a bad initialisation (a changed init scale), a vocabulary that does not match the data, "
+            "or targets outside the vocabulary."
+        )
+    else:
+        writer.print(f"step 0: initial loss {loss:.3f} (ln(vocab_size) = {expected:.3f}): ok")

@@ -1,0 +1,1 @@
+"""Flax linen model families and their losses."""

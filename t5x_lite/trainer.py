@@ -1,0 +1,215 @@
+"""The jitted train and eval steps, and the sharded train state they update.
+
+A step sees a global batch in seqio's decoder feature names (`decoder_input_tokens`,
+`decoder_target_tokens`, `decoder_loss_weights`, and with packing `decoder_segment_ids`,
+`decoder_positions`). The loss is normalised per non-padding target token over the whole
+global batch, so gradient accumulation and the device count do not change it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from t5x_lite import partitioning
+from t5x_lite.models import losses
+
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a training step reads and writes; all of it is checkpointed."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """How per-token losses become the training objective.
+
+    Attributes:
+      z_loss: coefficient of the log(Z)^2 auxiliary loss (0 disables it).
+      label_smoothing: mass spread uniformly over the vocabulary (0 disables it).
+    """
+
+    z_loss: float = 0.0
+    label_smoothing: float = 0.0
+
+
+def _logits(model: nn.Module, params: Any, batch: Batch, *, deterministic: bool, rng=None) -> jax.Array:
+    rngs = None if deterministic else {"dropout": rng}
+    return model.apply(
+        {"params": params},
+        batch["decoder_input_tokens"],
+        positions=batch.get("decoder_positions"),
+        segment_ids=batch.get("decoder_segment_ids"),
+        deterministic=deterministic,
+        rngs=rngs,
+    )
+
+
+def loss_sums(model: nn.Module, params: Any, batch: Batch, loss_config: LossConfig, *,
+              deterministic: bool, rng=None) -> dict[str, jax.Array]:
+    """Summed loss, z-loss and target-token count of one (micro)batch."""
+    logits = _logits(model, params, batch, deterministic=deterministic, rng=rng)
+    return losses.weighted_loss_sums(
+        logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+        z_loss=loss_config.z_loss, label_smoothing=loss_config.label_smoothing,
+    )
+
+
+@dataclasses.dataclass
+class Trainer:
+    """Owns the model, optimizer and mesh; builds sharded state and compiled steps."""
+
+    model: nn.Module
+    optimizer: optax.GradientTransformation
+    learning_rate_fn: optax.Schedule
+    mesh: Mesh
+    rules: partitioning.LogicalRules
+    loss_config: LossConfig = LossConfig()
+    microbatches: int = 1
+
+    def __post_init__(self):
+        self.batch_sharding = partitioning.batch_sharding(self.mesh, self.rules)
+        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.state_shardings = None
+        self._train_step = None
+        self._eval_step = None
+
+    def _context(self):
+        """Mesh + logical rules, so `with_logical_constraint` inside the model resolves."""
+        return _MeshAndRules(self.mesh, self.rules)
+
+    def abstract_state(self, example_batch: Batch) -> TrainState:
+        """Shapes and shardings of the train state, without allocating it."""
+        def init_variables(rng):
+            return self.model.init(rng, example_batch["decoder_input_tokens"])
+
+        with self._context():
+            variables = jax.eval_shape(init_variables, jax.random.PRNGKey(0))
+        param_specs = partitioning.params_logical_axes(variables["params_axes"])
+        params = variables["params"]
+        opt_state = jax.eval_shape(self.optimizer.init, params)
+        opt_specs = optax.tree_map_params(
+            self.optimizer, lambda _, spec: spec, opt_state, param_specs,
+            transform_non_params=lambda _: PartitionSpec(),
+            is_leaf=lambda x: isinstance(x, PartitionSpec),
+        )
+        specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
+        self.state_shardings = partitioning.tree_shardings(specs, self.mesh, self.rules)
+        shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, self.state_shardings
+        )
+
+    def init_state(self, rng: jax.Array, example_batch: Batch) -> TrainState:
+        """Initialises parameters and optimizer state directly in their shardings."""
+        if self.state_shardings is None:
+            self.abstract_state(example_batch)
+        tokens_shape = example_batch["decoder_input_tokens"].shape
+
+        def init(rng):
+            params = self.model.init(rng, jnp.zeros(tokens_shape, jnp.int32))["params"]
+            return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
+
+        with self._context():
+            return jax.jit(init, out_shardings=self.state_shardings)(rng)
+
+    def _train_step_fn(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
+        rng = jax.random.fold_in(dropout_rng, state.step)
+        total_weight = jnp.maximum(jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32)), 1.0)
+
+        def micro_loss(params, micro, micro_rng):
+            sums = loss_sums(self.model, params, micro, self.loss_config, deterministic=False, rng=micro_rng)
+            return sums["loss_sum"] / total_weight, sums
+
+        grad_fn = jax.grad(micro_loss, has_aux=True)
+        if self.microbatches == 1:
+            grads, sums = grad_fn(state.params, batch, rng)
+        else:
+            micro_batches = jax.tree.map(
+                lambda x: x.reshape(self.microbatches, -1, *x.shape[1:]), batch
+            )
+
+            def accumulate(carry, inputs):
+                index, micro = inputs
+                grads, sums = grad_fn(state.params, micro, jax.random.fold_in(rng, index))
+                return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, (state.params, {
+                "loss_sum": jnp.zeros(()), "z_loss_sum": jnp.zeros(()), "weight_sum": jnp.zeros(())}))
+            (grads, sums), _ = jax.lax.scan(
+                accumulate, zeros, (jnp.arange(self.microbatches), micro_batches)
+            )
+
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss_sum": sums["loss_sum"],
+            "z_loss_sum": sums["z_loss_sum"],
+            "weight_sum": sums["weight_sum"],
+            "grad_norm": optax.global_norm(grads),
+            "learning_rate": self.learning_rate_fn(state.step),
+        }
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def train_step(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
+        """One optimizer step on a global batch; returns the new state and device-side metrics."""
+        if self._train_step is None:
+            self._train_step = jax.jit(
+                self._train_step_fn,
+                in_shardings=(self.state_shardings, self.batch_sharding, self._replicated),
+                out_shardings=(self.state_shardings, self._replicated),
+                donate_argnums=(0,),
+            )
+        with self._context():
+            return self._train_step(state, batch, dropout_rng)
+
+    def _eval_step_fn(self, params: Any, batch: Batch):
+        return loss_sums(self.model, params, batch, LossConfig(), deterministic=True)
+
+    def eval_step(self, params: Any, batch: Batch) -> dict[str, jax.Array]:
+        """Summed cross entropy and token count of a global batch (no z-loss, no dropout)."""
+        if self._eval_step is None:
+            self._eval_step = jax.jit(
+                self._eval_step_fn,
+                in_shardings=(self.state_shardings.params, self.batch_sharding),
+                out_shardings=self._replicated,
+            )
+        with self._context():
+            return self._eval_step(params, batch)
+
+
+class _MeshAndRules:
+    """Context manager entering `jax.set_mesh(mesh)` and flax's logical axis rules."""
+
+    def __init__(self, mesh: Mesh, rules: partitioning.LogicalRules):
+        self._mesh_ctx = jax.set_mesh(mesh)
+        self._rules_ctx = nn.logical_axis_rules(tuple(rules))
+
+    def __enter__(self):
+        self._mesh_ctx.__enter__()
+        self._rules_ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._rules_ctx.__exit__(*exc)
+        self._mesh_ctx.__exit__(*exc)
+        return False
+
+
+def param_count(params: Any) -> int:
+    """Number of scalars in a parameter tree."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+

@@ -1,0 +1,89 @@
+"""Language-modelling tasks over directories written by `t5x-lite prepare`.
+
+A prepared directory holds `metadata.json`, `spm.model` and sharded TFRecords whose
+`targets` feature is already tokenized, so reading needs no tokenizer. Long documents are
+split into pieces that fit the sequence length (with room for EOS); the feature converter
+then packs pieces into full rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import seqio
+import tensorflow as tf
+from t5.data import preprocessors as t5_preprocessors
+
+METADATA_FILE = "metadata.json"
+
+
+class TaskDataError(ValueError):
+    """A task's data directory is missing, empty or malformed."""
+
+
+def read_metadata(data_dir: str) -> dict:
+    """The metadata.json of a prepared directory, with a clear error when it is absent."""
+    path = os.path.join(data_dir, METADATA_FILE)
+    if not tf.io.gfile.exists(path):
+        raise TaskDataError(
+            f"Data directory {data_dir!r} has no {METADATA_FILE}: it is missing or was never "
+            f"prepared. Run `t5x-lite prepare --input=... --out={data_dir}` (or point the "
+            "task's data_dir at a prepared directory)."
+        )
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def _check_split_files(data_dir: str, metadata: dict) -> dict[str, str]:
+    patterns = {}
+    for split, info in metadata["splits"].items():
+        pattern = os.path.join(data_dir, info["pattern"])
+        if not tf.io.gfile.glob(pattern) or not info.get("num_examples"):
+            raise TaskDataError(
+                f"Split {split!r} of {data_dir!r} has no records (pattern {pattern!r}); "
+                "re-run `t5x-lite prepare` on a non-empty input."
+            )
+        patterns[split] = pattern
+    return patterns
+
+
+@seqio.map_over_dataset
+def _targets_as_int32(example: dict) -> dict:
+    return {"targets": tf.cast(example["targets"], tf.int32)}
+
+
+def register_lm_task(name: str, data_dir: str) -> seqio.Task:
+    """Registers (or re-registers) an LM task `name` over a prepared directory."""
+    metadata = read_metadata(data_dir)
+    patterns = _check_split_files(data_dir, metadata)
+    vocabulary = seqio.SentencePieceVocabulary(os.path.join(data_dir, metadata["vocabulary"]))
+    source = seqio.TFExampleDataSource(
+        split_to_filepattern=patterns,
+        feature_description={"targets": tf.io.RaggedFeature(tf.int64)},
+    )
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    return seqio.TaskRegistry.add(
+        name,
+        source=source,
+        preprocessors=[
+            _targets_as_int32,
+            t5_preprocessors.split_tokens_to_targets_length,
+            seqio.preprocessors.append_eos_after_trim,
+        ],
+        output_features={"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
+        metric_fns=[],
+    )
+
+
+@functools.cache
+def _registered(name: str, data_dir: str) -> str:
+    register_lm_task(name, data_dir)
+    return name
+
+
+def lm_task(*, name: str, data_dir: str) -> str:
+    """Registers the LM task `name` over `data_dir` once and returns its name (for gin)."""
+    return _registered(name, os.path.abspath(os.path.expanduser(data_dir)))
