@@ -258,8 +258,11 @@ def train(
         return result
 
     try:
-        for batch in iterator:
-            if train_steps is not None and step >= train_steps:
+        # Check the step limit before taking a batch: a batch taken is a batch the saved
+        # iterator state counts as seen.
+        while train_steps is None or step < train_steps:
+            batch = next(iterator, None)
+            if batch is None:
                 break
             global_batch = partitioning.host_batch_to_global(batch, trainer.batch_sharding)
             if step == 0:
