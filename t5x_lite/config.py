@@ -46,7 +46,7 @@ def lm_task(*, name: str, data_dir: str) -> str:
 
 def register_configurables() -> None:
     """Makes the library's functions and config classes bindable by these gin names."""
-    if "train" in {name for name in _registered_names()}:
+    if any(selector.split(".")[-1] == "train" for selector, _ in _registry_items()):
         return
     from t5x_lite import data, loops, optim, trainer
     from t5x_lite.models import decoder_only
@@ -57,10 +57,6 @@ def register_configurables() -> None:
     gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
     gin.external_configurable(trainer.LossConfig, "LossConfig")
     gin.external_configurable(lm_task, "lm_task")
-
-
-def _registered_names() -> list[str]:
-    return [name for name, _ in gin.config._REGISTRY.items()]  # noqa: SLF001 (no public listing API)
 
 
 def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -120,28 +116,24 @@ def _quiet_search_misses():
 
 def _with_suggestion(message: str) -> str:
     """Adds 'did you mean' for an unknown configurable or parameter named in a gin error."""
-    match = re.search(r"No configurable matching '([^']+)'", message)
-    if match:
-        names = _registered_names()
-        close = difflib.get_close_matches(match.group(1), names, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        return f"{message}\n{hint} Configurables: {', '.join(sorted(n for n in names if '.' not in n))}."
-    match = re.search(r"'([^']+)' is not a parameter of '([^']+)'", message) or re.search(
-        r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
-    if match:
-        return message + _parameter_hint(message)
+    configurables = {selector.split(".")[-1]: c.wrapped for selector, c in _registry_items()}
+    unknown = re.search(r"No configurable matching '([^']+)'", message)
+    if unknown:
+        close = difflib.get_close_matches(unknown.group(1), list(configurables), n=3)
+        hint = f"Did you mean {', '.join(close)}? " if close else ""
+        return f"{message}\n{hint}Configurables: {', '.join(sorted(configurables))}."
+    bad_param = re.search(r"Configurable '([^']+)' doesn't have a parameter named '([^']+)'", message)
+    if bad_param and bad_param.group(1).split(".")[-1] in configurables:
+        name = bad_param.group(1).split(".")[-1]
+        params = _params_of(configurables[name])
+        close = difflib.get_close_matches(bad_param.group(2), params, n=3)
+        hint = f"Did you mean {', '.join(close)}? " if close else ""
+        return f"{message}\n{hint}Parameters of {name}: {', '.join(params)}."
     return message
 
 
-def _parameter_hint(message: str) -> str:
-    for name, selectable in gin.config._REGISTRY.items():  # noqa: SLF001
-        if f"'{name}'" in message or f"'{name.split('.')[-1]}'" in message:
-            params = _params_of(selectable.wrapped)
-            bad = re.findall(r"'([^']+)'", message)
-            close = [c for b in bad for c in difflib.get_close_matches(b, params, n=2)]
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            return f"\n{hint} Parameters of {name}: {', '.join(params)}."
-    return ""
+def _registry_items():  # noqa: N802 - gin has no public listing API
+    return gin.config._REGISTRY.items()  # noqa: SLF001
 
 
 def _params_of(fn_or_cls) -> list[str]:
