@@ -132,7 +132,7 @@ def _with_suggestion(message: str) -> str:
     return message
 
 
-def _registry_items():  # noqa: N802 - gin has no public listing API
+def _registry_items():
     return gin.config._REGISTRY.items()  # noqa: SLF001
 
 

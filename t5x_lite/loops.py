@@ -291,6 +291,8 @@ def train(
                     shown["mfu"] = last_train["mfu"]
                 writer.progress(step, shown)
                 window, window_start = [], time.perf_counter()
+            if iterator.end_of_epoch:
+                writer.print(f"epoch {iterator.epoch} finished at step {step}")
             if eval_data is not None and eval_period and step % eval_period == 0:
                 last_eval = run_eval()
             if checkpoint_period and step % checkpoint_period == 0:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
+import functools
 import gzip
 import hashlib
 import heapq
+import io
 import json
 import multiprocessing
 import os
-import shutil
 import sys
 import sysconfig
 import time
@@ -266,20 +267,21 @@ def _pieces_under(lines: Iterable[str], max_bytes: int) -> Iterator[str]:
             yield line
 
 
-def train_vocabulary(texts: Sequence[str], *, model_prefix: str, vocab_size: int, seed: int,
-                     num_threads: int) -> None:
-    """Trains a SentencePiece unigram model on `texts`, writing `<model_prefix>.model/.vocab`.
+def train_vocabulary(texts: Sequence[str], *, vocab_size: int, seed: int,
+                     num_threads: int) -> bytes:
+    """Trains a SentencePiece unigram model on `texts` and returns it serialized.
 
     Whitespace is kept as is (identity normalization, no dummy prefix, whitespace-only pieces
     allowed) so that code round-trips exactly; digits are split; characters never seen fall back
     to bytes. The result is deterministic for the same texts, seed and `num_threads` (the
     trainer's sums depend on how the work is split over threads).
     """
+    model = io.BytesIO()  # not a file prefix: the model stores it, and would differ by out_dir
     spm.set_random_generator_seed(seed)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=(s for text in texts for s in _sentences(text)),
-            model_prefix=model_prefix, model_type="unigram", vocab_size=vocab_size,
+            model_writer=model, model_type="unigram", vocab_size=vocab_size,
             pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
             byte_fallback=True, character_coverage=1.0, split_digits=True,
             normalization_rule_name="identity", remove_extra_whitespaces=False,
@@ -289,6 +291,7 @@ def train_vocabulary(texts: Sequence[str], *, model_prefix: str, vocab_size: int
         )
     except RuntimeError as e:
         raise PrepareError(_vocab_size_advice(str(e), vocab_size)) from e
+    return model.getvalue()
 
 
 def _vocab_size_advice(message: str, vocab_size: int) -> str:
@@ -301,8 +304,8 @@ def _vocab_size_advice(message: str, vocab_size: int) -> str:
     return f"Training the SentencePiece vocabulary failed: {message.strip()}"
 
 
-def copy_vocabulary(vocab_model: str, model_prefix: str) -> None:
-    """Copies an existing SentencePiece model to `<model_prefix>.model` and writes its `.vocab`."""
+def read_vocabulary(vocab_model: str) -> bytes:
+    """The serialized SentencePiece model in `vocab_model`, checked to use seqio's pad and eos."""
     try:
         processor = spm.SentencePieceProcessor(model_file=vocab_model)
     except (OSError, RuntimeError) as e:
@@ -314,7 +317,15 @@ def copy_vocabulary(vocab_model: str, model_prefix: str) -> None:
             f"eos_id={processor.eos_id()}; seqio needs pad_id={PAD_ID}, eos_id={EOS_ID}. "
             "Use a model trained with those ids, or leave out --vocab_model to train one."
         )
-    shutil.copyfile(vocab_model, f"{model_prefix}.model")
+    with open(vocab_model, "rb") as f:
+        return f.read()
+
+
+def write_vocabulary(model: bytes, model_prefix: str) -> None:
+    """Writes `<model_prefix>.model` and the `.vocab` listing (piece<TAB>score) SentencePiece does."""
+    with open(f"{model_prefix}.model", "wb") as f:
+        f.write(model)
+    processor = spm.SentencePieceProcessor(model_proto=model)
     with open(f"{model_prefix}.vocab", "w", encoding="utf-8") as f:
         for i in range(processor.vocab_size()):
             f.write(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n")
@@ -365,6 +376,7 @@ def tokenize(documents: Iterable[Document], *, model_file: str,
 # ---------------------------------------------------------------------------------- shards
 
 
+@functools.cache
 def _import_tensorflow():
     """TensorFlow for writing records only: quiet, and kept off any GPU."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -413,6 +425,8 @@ class _SplitWriter:
             os.replace(path + _TMP_SUFFIX, path)
 
     def discard(self) -> None:
+        """Closes and deletes the unfinished shards."""
+        self.close()
         for path in self._paths:
             if os.path.exists(path + _TMP_SUFFIX):
                 os.remove(path + _TMP_SUFFIX)
@@ -436,7 +450,6 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
             writer.close()
     except BaseException:
         for writer in writers.values():
-            writer.close()
             writer.discard()
         raise
     for writer in writers.values():
@@ -542,16 +555,17 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     _check_splits(survey.num_documents, inputs)
     _clear_outputs(out_dir)
 
-    model_prefix = os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0])
     if vocab_model:
-        copy_vocabulary(vocab_model, model_prefix)
+        model = read_vocabulary(vocab_model)
     else:
         log(f"training a {vocab_size}-piece vocabulary on {survey.sample.num_bytes / 1e6:.1f} MB "
             f"of {survey.input_bytes / 1e6:.1f} MB ...")
-        train_vocabulary(survey.sample.texts(), model_prefix=model_prefix, vocab_size=vocab_size,
-                         seed=seed, num_threads=num_workers)
+        model = train_vocabulary(survey.sample.texts(), vocab_size=vocab_size, seed=seed,
+                                 num_threads=num_workers)
+    write_vocabulary(model, os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0]))
     model_file = os.path.join(out_dir, VOCAB_FILE)
 
+    _import_tensorflow()  # before the clock starts: the rate measures tokenizing and writing
     tokenize_start = time.perf_counter()
     num_shards_per_split = {"train": num_shards,
                             "validation": min(num_shards, survey.num_documents["validation"])}

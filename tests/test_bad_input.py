@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import pytest
-
-from tests.test_cli_run import data_dir, run_cli, train  # noqa: F401 (session fixture)
+from tests.cli_helpers import run_cli, train
 
 
 def assert_bad_input(result, *phrases: str) -> None:

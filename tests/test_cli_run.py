@@ -2,58 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-VOCAB = 512
-TINY_MODEL = [
-    f"--gin.DecoderConfig.vocab_size={VOCAB}",
-    "--gin.DecoderConfig.emb_dim=64",
-    "--gin.DecoderConfig.num_layers=2",
-    "--gin.DecoderConfig.mlp_dim=128",
-    "--gin.DecoderConfig.head_dim=16",
-    "--gin.DecoderConfig.max_len=64",
-    "--gin.SEQUENCE_LENGTH=64",
-    "--gin.BATCH_SIZE=8",
-    "--gin.train.eval_batches=2",
-    "--gin.train.sample_prompt=None",
-]
-
-
-def run_cli(*args: str, devices: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1) -> subprocess.CompletedProcess:
-    return run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
-                   f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra, devices=devices)
-
-
-def losses(stdout: str) -> list[float]:
-    return [float(x) for x in re.findall(r"step \d+: loss=([0-9.]+)", stdout)]
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory) -> Path:
-    """The stdlib's json and urllib packages, prepared with a tiny vocabulary."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    out = tmp_path_factory.mktemp("data") / "tiny"
-    result = run_cli("prepare", f"--input={stdlib / 'json'}",
-                     f"--input={stdlib / 'urllib'}", f"--out={out}", f"--vocab_size={VOCAB}",
-                     "--num_shards=2", "--validation_fraction=0.2", "--num_workers=2")
-    assert result.returncode == 0, result.stderr
-    return out
+from tests.cli_helpers import losses, run_cli, train
 
 
 def final_params(model_dir: Path) -> dict:
@@ -119,3 +72,15 @@ def test_eight_devices_match_one(data_dir, tmp_path):
     assert eight.returncode == 0, eight.stderr[-3000:]
     assert "mesh {'data': 4, 'model': 2} on 8 cpu" in eight.stdout
     np.testing.assert_allclose(losses(eight.stdout), losses(one.stdout), rtol=2e-4)
+
+
+def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_path):
+    import re
+
+    result = train(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=None", "--gin.NUM_EPOCHS=2",
+                   "--gin.train.log_period=1000")
+    assert result.returncode == 0, result.stderr[-3000:]
+    per_epoch = int(re.search(r"data: (\d+) steps per epoch", result.stdout).group(1))
+    assert f"epoch 1 finished at step {per_epoch}\n" in result.stdout
+    assert f"epoch 2 finished at step {2 * per_epoch}\n" in result.stdout
+    assert (tmp_path / "run" / "checkpoints" / str(2 * per_epoch)).is_dir()

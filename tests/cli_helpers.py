@@ -1,0 +1,55 @@
+"""Helpers for tests that drive the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 512
+TINY_MODEL = [
+    f"--gin.DecoderConfig.vocab_size={VOCAB}",
+    "--gin.DecoderConfig.emb_dim=64",
+    "--gin.DecoderConfig.num_layers=2",
+    "--gin.DecoderConfig.mlp_dim=128",
+    "--gin.DecoderConfig.head_dim=16",
+    "--gin.DecoderConfig.max_len=64",
+    "--gin.SEQUENCE_LENGTH=64",
+    "--gin.BATCH_SIZE=8",
+    "--gin.train.eval_batches=2",
+    "--gin.train.sample_prompt=None",
+]
+
+
+def run_cli(*args: str, devices: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Runs `t5x-lite ARGS` on `devices` host CPU devices and captures its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1) -> subprocess.CompletedProcess:
+    """The quickstart run with a tiny model on `data_dir`, plus `extra` flags."""
+    return run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
+                   f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra, devices=devices)
+
+
+def losses(stdout: str) -> list[float]:
+    """The train losses a run printed, in order."""
+    return [float(x) for x in re.findall(r"step \d+: loss=([0-9.]+)", stdout)]
+
+
+def prepare_stdlib_subset(out: Path, packages: list[str]) -> Path:
+    """Prepares some of the stdlib's packages with the tiny vocabulary."""
+    import sysconfig
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    inputs = [f"--input={stdlib / p}" for p in packages]
+    result = run_cli("prepare", *inputs, f"--out={out}", f"--vocab_size={VOCAB}",
+                     "--num_shards=2", "--validation_fraction=0.2", "--num_workers=2")
+    assert result.returncode == 0, result.stderr
+    return out
