@@ -159,7 +159,7 @@ class Trainer:
             "loss_sum": sums["loss_sum"],
             "z_loss_sum": sums["z_loss_sum"],
             "weight_sum": sums["weight_sum"],
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "learning_rate": self.learning_rate_fn(state.step),
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -1,0 +1,67 @@
+"""Throughput/MFU arithmetic, train-metric summaries and the FLOPs-per-token formula."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from t5x_lite import metrics
+from t5x_lite.models import decoder_only
+
+
+def test_tokens_per_second():
+    assert metrics.tokens_per_second(1000, 4.0) == 250.0
+    assert metrics.tokens_per_second(1000, 0.0) == 0.0
+
+
+def test_model_flops_utilization_arithmetic():
+    # 1e9 FLOPs/token at 3e4 tokens/s is 3e13 FLOP/s; 4 devices of 1e14 peak give 4e14: MFU 0.075.
+    mfu = metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
+                                          peak_flops_per_device=1e14, num_devices=4)
+    assert mfu == pytest.approx(0.075, rel=1e-12)
+    # Doubling the devices halves it; doubling the throughput doubles it.
+    assert metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
+                                           peak_flops_per_device=1e14, num_devices=8) == pytest.approx(mfu / 2)
+    assert metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=6e4,
+                                           peak_flops_per_device=1e14, num_devices=4) == pytest.approx(mfu * 2)
+
+
+def test_summarize_train_metrics():
+    sums = {"loss_sum": 250.0, "z_loss_sum": 5.0, "weight_sum": 100.0, "grad_norm": 6.0,
+            "learning_rate": 0.03}
+    out = metrics.summarize_train_metrics(sums, steps=3)
+    assert out["loss"] == pytest.approx(2.5)
+    assert out["z_loss"] == pytest.approx(0.05)
+    assert out["cross_entropy"] == pytest.approx(2.45)  # z-loss subtracted
+    assert out["perplexity"] == pytest.approx(math.exp(2.45))
+    assert out["grad_norm"] == pytest.approx(2.0)  # averaged over steps
+    assert out["learning_rate"] == pytest.approx(0.01)
+
+
+def test_summarize_train_metrics_without_tokens_does_not_divide_by_zero():
+    sums = {"loss_sum": 0.0, "z_loss_sum": 0.0, "weight_sum": 0.0, "grad_norm": 0.0, "learning_rate": 0.0}
+    out = metrics.summarize_train_metrics(sums, steps=1)
+    assert out["loss"] == 0.0 and out["perplexity"] == 1.0
+
+
+def test_perplexity_saturates():
+    assert metrics.perplexity(0.0) == 1.0
+    assert metrics.perplexity(math.log(7.0)) == pytest.approx(7.0)
+    assert math.isfinite(metrics.perplexity(1e6))
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_kv_heads": 4, "num_layers": 3, "mlp_dim": 48}])
+def test_flops_per_token_formula(overrides):
+    cfg = decoder_only.DecoderConfig(**{**dict(vocab_size=96, emb_dim=32, num_heads=4, num_kv_heads=2,
+                                                head_dim=8, mlp_dim=64, num_layers=2, max_len=32),
+                                        **overrides})
+    # Count parameters from the real tree, not from num_params().
+    shapes = jax.eval_shape(lambda: decoder_only.Decoder(cfg).init(jax.random.PRNGKey(0),
+                                                                    jnp.zeros((1, 8), jnp.int32))["params"])
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    embedding = math.prod(shapes["token_embed"]["embedding"].shape)
+    assert embedding == cfg.vocab_size * cfg.emb_dim
+    for seq_len in (1, 16, 32):
+        expected = 6 * (params - embedding) + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
+        assert cfg.flops_per_token(seq_len) == pytest.approx(expected, rel=1e-12)

@@ -1,0 +1,176 @@
+"""The decoder-only LM: shapes, parameter count, scan/remat equivalence, packing, causality."""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_lite.models import decoder_only, stack
+
+BASE = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
+                                  mlp_dim=64, num_layers=2, max_len=16)
+
+
+def _cfg(**overrides):
+    return dataclasses.replace(BASE, **overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_init(cfg, length):
+    model = decoder_only.Decoder(cfg)
+    return jax.jit(lambda rng: model.init(rng, jnp.zeros((1, length), jnp.int32))["params"])
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(cfg):
+    model = decoder_only.Decoder(cfg)
+    return jax.jit(lambda params, tokens, **kw: model.apply({"params": params}, tokens, **kw))
+
+
+def _init(cfg, seed=0, length=16):
+    return _jitted_init(cfg, length)(jax.random.PRNGKey(seed))
+
+
+def _tokens(seed, shape, vocab=BASE.vocab_size):
+    return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, size=shape), jnp.int32)
+
+
+def _apply(cfg, params, tokens, **kwargs):
+    return _jitted_apply(cfg)(params, tokens, **kwargs)
+
+
+def scanned_to_unrolled(params, num_layers):
+    """Slices every scanned [layers, ...] leaf into layers_unrolled/layers_{i}."""
+    out = {k: v for k, v in params.items() if k != "layers"}
+    out["layers_unrolled"] = {
+        f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], params["layers"]) for i in range(num_layers)
+    }
+    return out
+
+
+def test_output_shape_and_float32_logits():
+    params = _init(BASE)
+    logits = _apply(BASE, params, _tokens(0, (3, 10)))
+    assert logits.shape == (3, 10, BASE.vocab_size)
+    assert logits.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(logits)))
+    # The small output init puts the initial loss close to ln(vocab).
+    log_probs = jax.nn.log_softmax(logits)
+    assert abs(float(-jnp.mean(log_probs)) - math.log(BASE.vocab_size)) < 0.5
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_num_params_matches_tree(scan):
+    for cfg in (_cfg(scan_layers=scan), _cfg(scan_layers=scan, num_layers=3, num_kv_heads=4, mlp_dim=48)):
+        shapes = jax.eval_shape(lambda cfg=cfg: decoder_only.Decoder(cfg).init(
+            jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+        actual = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+        assert cfg.num_params() == actual
+
+
+def test_scan_and_unrolled_give_equal_logits():
+    scanned_cfg, unrolled_cfg = _cfg(scan_layers=True), _cfg(scan_layers=False)
+    params = _init(scanned_cfg, seed=3)
+    unrolled_params = scanned_to_unrolled(params, BASE.num_layers)
+    # The converted tree has exactly the structure and shapes of a freshly initialised unrolled model.
+    reference = jax.eval_shape(lambda: decoder_only.Decoder(unrolled_cfg).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    assert jax.tree.structure(reference) == jax.tree.structure(unrolled_params)
+    jax.tree.map(lambda r, p: (r.shape == p.shape) or pytest.fail(f"{r.shape} != {p.shape}"),
+                 reference, unrolled_params)
+
+    tokens = _tokens(1, (2, 12))
+    a = _apply(scanned_cfg, params, tokens)
+    b = _apply(unrolled_cfg, unrolled_params, tokens)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+    # Swapping the two layers' parameters does change the output (the layers really differ).
+    swapped = jax.tree.map(lambda x: x[::-1], params["layers"])
+    c = _apply(scanned_cfg, {**params, "layers": swapped}, tokens)
+    assert not np.allclose(np.asarray(a), np.asarray(c), atol=1e-4)
+
+
+def _loss_grads(cfg, params, tokens):
+    model = decoder_only.Decoder(cfg)
+
+    def loss(p):
+        logits = model.apply({"params": p}, tokens[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
+
+    return jax.jit(jax.grad(loss))(params)
+
+
+def test_remat_policies_give_equal_gradients():
+    params = _init(BASE, seed=4)
+    tokens = _tokens(2, (2, 13))
+    reference = _loss_grads(_cfg(remat_policy="none"), params, tokens)
+    assert float(sum(jnp.sum(jnp.abs(g)) for g in jax.tree.leaves(reference))) > 0
+    for policy in ("minimal", "save_dots", "full"):
+        grads = _loss_grads(_cfg(remat_policy=policy), params, tokens)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
+
+
+def test_remat_unrolled_gives_equal_gradients():
+    params = _init(BASE, seed=5)
+    tokens = _tokens(3, (2, 9))
+    reference = _loss_grads(_cfg(remat_policy="none"), params, tokens)
+    unrolled = _loss_grads(_cfg(remat_policy="full", scan_layers=False),
+                           scanned_to_unrolled(params, BASE.num_layers), tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 unrolled, scanned_to_unrolled(reference, BASE.num_layers))
+
+
+def test_packed_sequences_match_sequences_run_alone():
+    params = _init(BASE, seed=6)
+    seq_a, seq_b = _tokens(10, (5,)), _tokens(11, (7,))
+    length = 16
+    pad = length - 12
+    tokens = jnp.concatenate([seq_a, seq_b, jnp.zeros((pad,), jnp.int32)])[None]
+    segment_ids = jnp.asarray([[1] * 5 + [2] * 7 + [0] * pad], jnp.int32)
+    positions = jnp.asarray([list(range(5)) + list(range(7)) + [0] * pad], jnp.int32)
+    packed = np.asarray(_apply(BASE, params, tokens, positions=positions, segment_ids=segment_ids))
+    alone_a = np.asarray(_apply(BASE, params, seq_a[None]))
+    alone_b = np.asarray(_apply(BASE, params, seq_b[None]))
+    np.testing.assert_allclose(packed[0, :5], alone_a[0], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(packed[0, 5:12], alone_b[0], atol=1e-5, rtol=1e-5)
+    # Without segment ids and restarted positions the second sequence would see the first.
+    unpacked = np.asarray(_apply(BASE, params, tokens))
+    assert not np.allclose(unpacked[0, 5:12], alone_b[0], atol=1e-3)
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    params = _init(BASE, seed=7)
+    tokens = _tokens(12, (1, 12))
+    changed = tokens.at[0, 7].set((tokens[0, 7] + 5) % BASE.vocab_size)
+    a = np.asarray(_apply(BASE, params, tokens))
+    b = np.asarray(_apply(BASE, params, changed))
+    np.testing.assert_allclose(a[0, :7], b[0, :7], atol=1e-6)
+    assert not np.allclose(a[0, 7:], b[0, 7:], atol=1e-4)
+
+
+def test_unknown_remat_policy_raises_naming_valid_ones():
+    with pytest.raises(ValueError) as excinfo:
+        _cfg(remat_policy="everything")
+    message = str(excinfo.value)
+    assert "everything" in message
+    for name in stack.REMAT_POLICIES:
+        assert name in message
+    with pytest.raises(ValueError, match="none"):
+        stack.stack_layers(decoder_only.DecoderBlock, num_layers=2, scan=True, remat="bogus")
+
+
+def test_bfloat16_keeps_float32_params_and_runs():
+    cfg = _cfg(dtype="bfloat16")
+    params = _init(cfg, seed=8)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
+    tokens = _tokens(13, (2, 10))
+    logits = _apply(cfg, params, tokens)
+    assert logits.dtype == jnp.float32 and logits.shape == (2, 10, BASE.vocab_size)
+    assert np.all(np.isfinite(np.asarray(logits)))
+    # Same function as float32, up to bfloat16 rounding.
+    ref = np.asarray(_apply(BASE, params, tokens))
+    err = np.max(np.abs(np.asarray(logits) - ref))
+    assert err < 0.1 * np.max(np.abs(ref)) + 1e-2
