@@ -27,7 +27,7 @@ import os
 import sys
 import sysconfig
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
@@ -38,6 +38,9 @@ VOCAB_FILE = "spm.model"
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Byte fallback reserves 256 byte pieces; with pad/eos/unk at least one learned piece must remain.
 MIN_VOCAB_SIZE = 260
+# Fixed, not the machine's core count: SentencePiece's result depends on its thread count, and
+# the same corpus should give the same vocabulary on every machine.
+VOCAB_TRAINER_THREADS = 4
 MAX_SENTENCE_BYTES = 16384
 _STDLIB_EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
 _SPLITS = ("train", "validation")
@@ -272,9 +275,10 @@ def train_vocabulary(texts: Sequence[str], *, vocab_size: int, seed: int,
     """Trains a SentencePiece unigram model on `texts` and returns it serialized.
 
     Whitespace is kept as is (identity normalization, no dummy prefix, whitespace-only pieces
-    allowed) so that code round-trips exactly; digits are split; characters never seen fall back
-    to bytes. The result is deterministic for the same texts, seed and `num_threads` (the
-    trainer's sums depend on how the work is split over threads).
+    allowed) so that code round-trips exactly; digits are split; the rarest 0.05% of characters
+    (and any never seen) fall back to bytes, so small vocabularies work on corpora with many
+    distinct characters. The result is deterministic for the same texts, seed and `num_threads`
+    (the trainer's sums depend on how the work is split over threads).
     """
     model = io.BytesIO()  # not a file prefix: the model stores it, and would differ by out_dir
     spm.set_random_generator_seed(seed)
@@ -283,7 +287,7 @@ def train_vocabulary(texts: Sequence[str], *, vocab_size: int, seed: int,
             sentence_iterator=(s for text in texts for s in _sentences(text)),
             model_writer=model, model_type="unigram", vocab_size=vocab_size,
             pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
-            byte_fallback=True, character_coverage=1.0, split_digits=True,
+            byte_fallback=True, character_coverage=0.9995, split_digits=True,
             normalization_rule_name="identity", remove_extra_whitespaces=False,
             add_dummy_prefix=False, allow_whitespace_only_pieces=True,
             max_sentence_length=MAX_SENTENCE_BYTES, input_sentence_size=0,
@@ -533,18 +537,20 @@ def _write_json(path: str, value: dict) -> None:
 def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_shards: int = 4,
             validation_fraction: float = 0.05, jsonl_field: str = "text", glob: str | None = None,
             vocab_sample_bytes: int = 20_000_000, num_workers: int | None = None, seed: int = 0,
-            vocab_model: str | None = None, overwrite: bool = False, log=print) -> dict:
+            vocab_model: str | None = None, overwrite: bool = False,
+            log: Callable[[str], None] = print) -> dict:
     """Prepares `inputs` (files, directories or `python_stdlib`) as a dataset in `out_dir`.
 
     Each document goes to validation with probability `validation_fraction`, decided by a stable
     hash of its key (path relative to its input, `path:line` for jsonl) and `seed`. The unigram
     vocabulary is trained on a deterministic sample of about `vocab_sample_bytes` of training
     text, unless `vocab_model` names an existing model to copy. Train gets `num_shards` shards,
-    validation min(num_shards, its documents). Returns the metadata written to
+    validation min(num_shards, its documents). Outputs are identical for the same inputs, seed
+    and num_workers (which also sets the vocabulary trainer's threads). Returns the metadata in
     `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
     """
     start = time.perf_counter()
-    num_workers = num_workers or _default_num_workers()
+    num_workers = _default_num_workers() if num_workers is None else num_workers
     _check_options(vocab_size=vocab_size, num_shards=num_shards, num_workers=num_workers,
                    validation_fraction=validation_fraction, vocab_sample_bytes=vocab_sample_bytes,
                    vocab_model=vocab_model)
@@ -561,7 +567,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
         log(f"training a {vocab_size}-piece vocabulary on {survey.sample.num_bytes / 1e6:.1f} MB "
             f"of {survey.input_bytes / 1e6:.1f} MB ...")
         model = train_vocabulary(survey.sample.texts(), vocab_size=vocab_size, seed=seed,
-                                 num_threads=num_workers)
+                                 num_threads=VOCAB_TRAINER_THREADS)
     write_vocabulary(model, os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0]))
     model_file = os.path.join(out_dir, VOCAB_FILE)
 
@@ -577,7 +583,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
 
     metadata = {
         "format_version": FORMAT_VERSION,
-        "vocab_size": spm.SentencePieceProcessor(model_file=model_file).vocab_size(),
+        "vocab_size": spm.SentencePieceProcessor(model_proto=model).vocab_size(),
         "vocabulary": VOCAB_FILE,
         "splits": splits,
         "sources": _describe(inputs, glob, len(sources)),

@@ -76,17 +76,20 @@ def prepared(corpus, tmp_path_factory) -> tuple[Path, dict]:
     return out_dir, run_prepare([corpus[0]], out_dir)
 
 
-def test_records_hold_every_document_once_and_decode_to_its_text(corpus, prepared):
+def test_records_hold_every_document_once_in_its_split_and_decode_to_its_text(corpus, prepared):
     _, documents = corpus
-    out_dir, metadata = prepared
-    texts_in_id_order = [documents[key] for key in sorted(documents)]  # sorted walk, dirs first
+    out_dir, _ = prepared
+    keys_in_id_order = sorted(documents)  # each directory's files come before its subdirectories
     processor = spm.SentencePieceProcessor(model_file=str(out_dir / "spm.model"))
-    records = [r for split in prep._SPLITS for shard in read_split(out_dir, split) for r in shard]
-
-    assert sorted(r["id"] for r in records) == list(range(len(documents)))
-    for record in records:
-        assert processor.decode(record["targets"]) == texts_in_id_order[record["id"]]
-        assert prep.EOS_ID not in record["targets"]
+    ids = []
+    for split in ("train", "validation"):
+        for record in [r for shard in read_split(out_dir, split) for r in shard]:
+            key = keys_in_id_order[record["id"]]
+            assert processor.decode(record["targets"]) == documents[key]
+            assert prep.EOS_ID not in record["targets"]
+            assert prep.split_of(f"code/{key}", seed=0, validation_fraction=0.2) == split
+            ids.append(record["id"])
+    assert sorted(ids) == list(range(len(documents)))
 
 
 def test_metadata_matches_records_and_shards_are_round_robin(prepared):
