@@ -10,13 +10,12 @@ uninterrupted stream exactly because the pipeline is deterministic given its see
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Iterator
 
 import numpy as np
 
-# TensorFlow is for data only: never let it take an accelerator from JAX.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from t5x_lite.tf_setup import import_tensorflow
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,18 +43,11 @@ class DataConfig:
     use_cached: bool = False
 
 
-def _import_tf():
-    import tensorflow as tf
-
-    tf.config.set_visible_devices([], "GPU")
-    return tf
-
-
 def get_task(name: str):
     """The registered seqio task or mixture `name`, with the list of known names on a miss."""
     import seqio
 
-    _import_tf()
+    import_tensorflow()
     try:
         return seqio.get_mixture_or_task(name)
     except ValueError:
@@ -76,7 +68,7 @@ def epoch_dataset(config: DataConfig, *, epoch: int, host_batch_size: int, shard
     """One epoch of this host's shard as a tf.data.Dataset of batched model features."""
     import seqio
 
-    tf = _import_tf()
+    tf = import_tensorflow()
     dataset = seqio.get_dataset(
         config.mixture_or_task_name,
         task_feature_lengths={"targets": config.sequence_length},

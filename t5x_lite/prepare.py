@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from t5x_lite.tf_setup import import_tensorflow
+
 PYTHON_STDLIB = "python_stdlib"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
@@ -381,18 +383,6 @@ def tokenize(documents: Iterable[Document], *, model_file: str,
 
 
 @functools.cache
-def _import_tensorflow():
-    """TensorFlow for writing records only: quiet, and kept off any GPU."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:  # devices were already initialized by the caller's own TF use
-        pass
-    return tf
-
-
 def shard_paths(out_dir: str, split: str, num_shards: int) -> list[str]:
     """`<out_dir>/<split>-SSSSS-of-NNNNN.tfrecord` for each shard."""
     return [os.path.join(out_dir, f"{split}-{i:05d}-of-{num_shards:05d}.tfrecord")
@@ -443,7 +433,7 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
 
     Shards appear under their final names only once every shard is complete.
     """
-    tf = _import_tensorflow()
+    tf = import_tensorflow()
     writers = {split: _SplitWriter(tf, shard_paths(out_dir, split, num_shards[split]))
                for split in _SPLITS}
     try:

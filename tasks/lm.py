@@ -12,9 +12,12 @@ import functools
 import json
 import os
 
-import seqio
-import tensorflow as tf
-from t5.data import preprocessors as t5_preprocessors
+from t5x_lite.tf_setup import import_tensorflow
+
+tf = import_tensorflow()  # first, so that seqio and t5 find it quiet and off the GPUs
+
+import seqio  # noqa: E402
+from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 
 METADATA_FILE = "metadata.json"
 

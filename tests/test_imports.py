@@ -1,0 +1,40 @@
+"""`import t5x_lite` stays cheap: no TensorFlow, no t5, no seqio until the data path needs them."""
+
+import subprocess
+import sys
+
+from tests.cli_helpers import ROOT
+
+
+def test_import_does_not_pull_in_tensorflow_or_t5():
+    code = ("import sys, t5x_lite, t5x_lite.cli, t5x_lite.config\n"
+            "print(sorted(m for m in ('tensorflow', 't5', 'seqio') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_help_lists_the_commands():
+    out = subprocess.run([sys.executable, "-m", "t5x_lite.cli", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, check=True)
+    for command in ("prepare", "train", "sample"):
+        assert command in out.stdout
+
+
+def test_gin_files_resolve_from_an_installed_wheel(tmp_path):
+    """Built and installed outside the checkout, the package still finds runs/quickstart.gin."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True)
+    wheel = next((tmp_path / "wheel").glob("t5x_lite-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                    str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
+    code = ("from t5x_lite import config\n"
+            "d = config.builtin_gin_dir()\n"
+            "print(d)\n"
+            "config.parse(gin_files=['runs/quickstart.gin'])\n"
+            "import gin; print(gin.query_parameter('DecoderConfig.num_layers'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    gin_dir, num_layers = out.stdout.split()
+    assert gin_dir == str(tmp_path / "site" / "t5x_lite" / "gin_configs")
+    assert int(num_layers) > 0
