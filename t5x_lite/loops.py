@@ -328,17 +328,19 @@ def sample_text(*, model: decoder_only.DecoderConfig, params: Any, vocabulary: A
     return vocabulary.decode(tokens)
 
 
+def initial_loss_warning(loss: float, vocab_size: int, tolerance: float) -> str | None:
+    """A warning when an untrained model's loss is far from ln(vocab), the uniform-guess loss."""
+    expected = math.log(vocab_size)
+    if abs(loss - expected) <= tolerance:
+        return None
+    return (f"WARNING: the initial loss {loss:.3f} is far from ln(vocab_size)={expected:.3f}. Likely causes: "
+            "a bad initialisation (a changed init scale), a vocabulary that does not match the data, "
+            "or targets outside the vocabulary.")
+
+
 def _sanity_check_initial_loss(trainer, params, batch, vocab_size: int, tolerance: float,
                                writer: metrics.MetricsWriter) -> None:
-    """Warns when the untrained model's loss is far from ln(vocab), the uniform-guess loss."""
     sums = trainer.eval_step(params, batch)
     loss = float(sums["loss_sum"]) / max(float(sums["weight_sum"]), 1.0)
-    expected = math.log(vocab_size)
-    if abs(loss - expected) > tolerance:
-        writer.print(
-            f"WARNING: the initial loss {loss:.3f} is far from ln(vocab_size)={expected:.3f}. Likely causes: "
-            "a bad initialisation (a changed init scale), a vocabulary that does not match the data, "
-            "or targets outside the vocabulary."
-        )
-    else:
-        writer.print(f"step 0: initial loss {loss:.3f} (ln(vocab_size) = {expected:.3f}): ok")
+    warning = initial_loss_warning(loss, vocab_size, tolerance)
+    writer.print(warning or f"step 0: initial loss {loss:.3f} (ln(vocab_size) = {math.log(vocab_size):.3f}): ok")

@@ -561,7 +561,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     write_vocabulary(model, os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0]))
     model_file = os.path.join(out_dir, VOCAB_FILE)
 
-    _import_tensorflow()  # before the clock starts: the rate measures tokenizing and writing
+    import_tensorflow()  # before the clock starts: the rate measures tokenizing and writing
     tokenize_start = time.perf_counter()
     num_shards_per_split = {"train": num_shards,
                             "validation": min(num_shards, survey.num_documents["validation"])}

@@ -24,9 +24,11 @@ TINY_MODEL = [
 ]
 
 
-def run_cli(*args: str, devices: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, devices: int = 1, timeout: int = 600,
+            extra_pythonpath: str | None = None) -> subprocess.CompletedProcess:
     """Runs `t5x-lite ARGS` on `devices` host CPU devices and captures its output."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+    pythonpath = str(ROOT) if extra_pythonpath is None else f"{ROOT}{os.pathsep}{extra_pythonpath}"
+    env = {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.cli_helpers import losses, run_cli, train
+from tests.cli_helpers import TINY_MODEL, losses, run_cli, train
 
 
 def final_params(model_dir: Path) -> dict:
@@ -28,6 +28,7 @@ def assert_trees_equal(a, b) -> None:
 
 def test_train_loss_falls_and_sample(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5",
+                   "--gin.train.checkpoint_period=10", "--gin.train.keep_checkpoints=2",
                    "--gin.train.sample_prompt='def '", "--gin.train.sample_max_new_tokens=8")
     assert result.returncode == 0, result.stderr[-3000:]
     seen = losses(result.stdout)
@@ -36,7 +37,10 @@ def test_train_loss_falls_and_sample(data_dir, tmp_path):
     assert "validation loss" in result.stdout and "perplexity" in result.stdout
     assert "initial loss" in result.stdout
     assert (tmp_path / "run" / "config.gin").read_text().count("DecoderConfig.emb_dim = 64") == 1
-    assert (tmp_path / "run" / "checkpoints" / "40").is_dir()
+    checkpoints = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert checkpoints == [30, 40]  # the last keep_checkpoints=2 of 10, 20, 30, 40
+    assert list((tmp_path / "run" / "tb" / "train").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "run" / "tb" / "eval").glob("events.out.tfevents.*"))
     assert "sample:\ndef " in result.stdout
 
     sampled = run_cli("sample", f"--model_dir={tmp_path / 'run'}", "--prompt=import ", "--max_new_tokens=8")
@@ -84,3 +88,20 @@ def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_pat
     assert f"epoch 1 finished at step {per_epoch}\n" in result.stdout
     assert f"epoch 2 finished at step {2 * per_epoch}\n" in result.stdout
     assert (tmp_path / "run" / "checkpoints" / str(2 * per_epoch)).is_dir()
+
+
+def test_user_task_module_and_search_paths(data_dir, tmp_path):
+    """A task registered in the user's own module, named by flag; a gin file found by search path."""
+    (tmp_path / "my_tasks.py").write_text(
+        "from tasks import lm\n"
+        f"lm.register_lm_task('my_own_task', {str(data_dir)!r})\n")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "short.gin").write_text("TRAIN_STEPS = 3\n")
+    result = run_cli("train", "--gin_file=runs/quickstart.gin", "--gin_file=short.gin",
+                     f"--gin_search_paths={tmp_path / 'configs'}", *TINY_MODEL,
+                     f"--gin.MODEL_DIR='{tmp_path / 'run'}'", "--gin.MIXTURE_OR_TASK_MODULE='my_tasks'",
+                     "--gin.MIXTURE_OR_TASK_NAME='my_own_task'", extra_pythonpath=str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = (tmp_path / "run" / "config.gin").read_text()
+    assert "'my_own_task'" in config
+    assert (tmp_path / "run" / "checkpoints" / "3").is_dir()

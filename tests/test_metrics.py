@@ -65,3 +65,14 @@ def test_flops_per_token_formula(overrides):
     for seq_len in (1, 16, 32):
         expected = 6 * (params - embedding) + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * seq_len
         assert cfg.flops_per_token(seq_len) == pytest.approx(expected, rel=1e-12)
+
+
+def test_initial_loss_warning_names_likely_causes():
+    import math
+
+    from t5x_lite.loops import initial_loss_warning
+
+    assert initial_loss_warning(math.log(512) + 0.2, 512, 1.0) is None
+    warning = initial_loss_warning(math.log(512) + 3.0, 512, 1.0)
+    assert "far from ln(vocab_size)" in warning and "initialisation" in warning and "vocabulary" in warning
+    assert initial_loss_warning(0.5, 512, 1.0) is not None
