@@ -70,6 +70,11 @@ class Checkpointer:
         )
         return restored["state"], restored["data_iterator"], restored["metadata"]
 
+    def restore_params(self, step: int) -> Any:
+        """Only the parameters of a step, as saved (no target shapes or shardings needed)."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+        return restored["state"]["params"]
+
     def metadata(self, step: int) -> dict:
         return self._manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
 

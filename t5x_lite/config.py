@@ -85,6 +85,7 @@ def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
           gin_search_paths: Sequence[str] = ()) -> None:
     """Parses gin files then bindings into gin's global config (cleared first)."""
     register_configurables()
+    _drop_package_path_reader()
     gin.clear_config()
     for path in [*gin_search_paths, os.getcwd(), str(builtin_gin_dir())]:
         gin.add_config_file_search_path(path)
@@ -98,6 +99,21 @@ def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
                           f"the current directory, and {builtin_gin_dir()}.") from None
     except (ValueError, SyntaxError) as e:
         raise ConfigError(_with_suggestion(str(e))) from None
+
+
+def _drop_package_path_reader() -> None:
+    """Stops gin from reading 'pkg/file.gin' as a file inside Python package `pkg`.
+
+    That reader crashes when the current directory holds a plain folder of the same name (a
+    namespace package, such as a `runs/` model directory next to `runs/quickstart.gin`), and
+    t5x_lite finds its files through search paths instead.
+    """
+    from gin import resource_reader
+
+    gin.config._FILE_READERS[:] = [  # noqa: SLF001 - gin has no API to unregister a reader
+        (reader, exists) for reader, exists in gin.config._FILE_READERS  # noqa: SLF001
+        if exists is not resource_reader.system_path_file_exists
+    ]
 
 
 @contextlib.contextmanager

@@ -249,6 +249,7 @@ def train(
         checkpoints.save(step, state=checkpoint_lib.to_saveable(state), iterator_state=iterator.get_state(),
                          metadata={**metadata, "step": step})
         last_saved = step
+        writer.print(f"step {step}: checkpoint saved in {checkpoint_lib.checkpoints_dir(model_dir)}")
 
     def run_eval():
         result = evaluate(trainer, state.params, eval_data, max_batches=eval_batches)
@@ -302,7 +303,6 @@ def train(
         if last_saved != step:
             save()
         checkpoints.wait()
-        writer.print(f"Saved checkpoint at step {step} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
         if sample_prompt is not None and is_chief:
             vocabulary = data_lib.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
             text = sample_text(model=model, params=state.params, vocabulary=vocabulary, prompt=sample_prompt,

@@ -16,8 +16,6 @@ from t5x_lite import errors
 
 def load_params(model_dir: str, step: int | None = None):
     """(model config, params, step) of a checkpoint in `model_dir` (the latest by default)."""
-    import orbax.checkpoint as ocp
-
     from t5x_lite import checkpoint, loops
     from t5x_lite.models import decoder_only
 
@@ -30,10 +28,9 @@ def load_params(model_dir: str, step: int | None = None):
     if step not in steps:
         raise loops.RunConfigError(f"No checkpoint at step {step} in {model_dir}; available: {sorted(steps)}.")
     metadata = checkpoints.metadata(step)
-    restored = checkpoints._manager.restore(  # noqa: SLF001 - a params-only read
-        step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    params = checkpoints.restore_params(step)
     checkpoints.close()
-    return decoder_only.DecoderConfig(**metadata["model"]), restored["state"]["params"], step
+    return decoder_only.DecoderConfig(**metadata["model"]), params, step
 
 
 def main(argv: Sequence[str] | None = None) -> int:
