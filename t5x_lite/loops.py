@@ -193,10 +193,12 @@ def train(
     is_chief = jax.process_index() == 0
 
     # Decide what to start from before anything is written to the model directory.
-    checkpoints = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints, create=False)
-    latest = checkpoints.latest_step()
-    if latest is not None:
-        checkpoint_lib.check_compatible(checkpoints.metadata(latest), metadata, model_dir=model_dir)
+    existing = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints, create=False)
+    latest = existing.latest_step()
+    saved_metadata = existing.metadata(latest) if latest is not None else None
+    existing.close()
+    if saved_metadata is not None:
+        checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
 
     host_batch = train_data.batch_size // jax.process_count()
     steps_per_epoch = _count_steps_per_epoch(train_data, host_batch) if num_epochs else None
@@ -287,7 +289,9 @@ def train(
                         flops_per_token=flops_per_token, tokens_per_second=last_train["tokens_per_second"],
                         peak_flops_per_device=peak_flops_per_device, num_devices=jax.device_count())
                 writer.scalars("train", step, last_train)
-                shown = {"loss": last_train["loss"], "tok/s": last_train["tokens_per_second"]}
+                shown = {"loss": last_train["loss"], "ppl": last_train["perplexity"],
+                         "lr": last_train["learning_rate"], "gnorm": last_train["grad_norm"],
+                         "tok/s": last_train["tokens_per_second"]}
                 if "mfu" in last_train:
                     shown["mfu"] = last_train["mfu"]
                 writer.progress(step, shown)
