@@ -53,7 +53,10 @@ class MetricsWriter:
         self._writers: dict = {}
         self._logdir = os.path.join(model_dir, "tb")
         show_bar = sys.stderr.isatty() if progress_bar is None else progress_bar
-        self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=True,
+        # A terminal that reports no size (some pseudo-terminals) would get an empty bar.
+        sized = _terminal_columns() > 0
+        self._bar = tqdm(total=total_steps, initial=initial_step, unit="step", dynamic_ncols=sized,
+                         ncols=None if sized else 100, nrows=None if sized else 40,
                          disable=not (enabled and show_bar), file=sys.stderr)
 
     def _writer(self, name: str):
@@ -90,6 +93,13 @@ class MetricsWriter:
         self._bar.close()
         for writer in self._writers.values():
             writer.close()
+
+
+def _terminal_columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0
 
 
 def _fmt(value: float) -> str:

@@ -76,3 +76,23 @@ def test_initial_loss_warning_names_likely_causes():
     warning = initial_loss_warning(math.log(512) + 3.0, 512, 1.0)
     assert "far from ln(vocab_size)" in warning and "initialisation" in warning and "vocabulary" in warning
     assert initial_loss_warning(0.5, 512, 1.0) is not None
+
+
+def test_progress_bar_shows_loss_and_tokens_per_second(tmp_path, capsys):
+    from t5x_lite.metrics import MetricsWriter
+
+    writer = MetricsWriter(str(tmp_path), total_steps=4, initial_step=0, progress_bar=True)
+    for step in (2, 4):
+        writer.progress(step, {"loss": 2.5 / step, "tok/s": 1234.0})
+    writer.close()
+    err = capsys.readouterr().err
+    assert "4/4" in err and "loss=0.625" in err and "tok/s=1234" in err
+
+
+def test_without_a_bar_reports_are_printed_lines(tmp_path, capsys):
+    from t5x_lite.metrics import MetricsWriter
+
+    writer = MetricsWriter(str(tmp_path), total_steps=4, initial_step=0, progress_bar=False)
+    writer.progress(2, {"loss": 1.25, "tok/s": 1234.0})
+    writer.close()
+    assert "step 2: loss=1.25, tok/s=1234" in capsys.readouterr().out
