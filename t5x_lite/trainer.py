@@ -8,8 +8,9 @@ global batch, so gradient accumulation and the device count do not change it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+from typing import Any
 
 import flax
 import jax
@@ -87,9 +88,11 @@ class Trainer:
         self._train_step = None
         self._eval_step = None
 
+    @contextlib.contextmanager
     def _context(self):
         """Mesh + logical rules, so `with_logical_constraint` inside the model resolves."""
-        return _MeshAndRules(self.mesh, self.rules)
+        with jax.set_mesh(self.mesh), nn.logical_axis_rules(tuple(self.rules)):
+            yield
 
     def abstract_state(self, example_batch: Batch) -> TrainState:
         """Shapes and shardings of the train state, without allocating it."""
@@ -189,27 +192,3 @@ class Trainer:
             )
         with self._context():
             return self._eval_step(params, batch)
-
-
-class _MeshAndRules:
-    """Context manager entering `jax.set_mesh(mesh)` and flax's logical axis rules."""
-
-    def __init__(self, mesh: Mesh, rules: partitioning.LogicalRules):
-        self._mesh_ctx = jax.set_mesh(mesh)
-        self._rules_ctx = nn.logical_axis_rules(tuple(rules))
-
-    def __enter__(self):
-        self._mesh_ctx.__enter__()
-        self._rules_ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._rules_ctx.__exit__(*exc)
-        self._mesh_ctx.__exit__(*exc)
-        return False
-
-
-def param_count(params: Any) -> int:
-    """Number of scalars in a parameter tree."""
-    return sum(int(x.size) for x in jax.tree.leaves(params))
-
