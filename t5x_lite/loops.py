@@ -253,6 +253,21 @@ def train(
         last_saved = step
         writer.print(f"step {step}: checkpoint saved in {checkpoint_lib.checkpoints_dir(model_dir)}")
 
+    def report():
+        nonlocal window, window_start, last_train
+        last_train = summarize_window(
+            jax.device_get(window), seconds=time.perf_counter() - window_start,
+            tokens_per_step=train_data.batch_size * train_data.sequence_length,
+            flops_per_token=flops_per_token, peak_flops_per_device=peak_flops_per_device,
+            num_devices=jax.device_count())
+        if not math.isfinite(last_train["loss"]):
+            raise FloatingPointError(
+                f"The training loss is {last_train['loss']} at step {step}; lower the learning "
+                "rate, enable clipping, or check the data. The last good checkpoint is untouched.")
+        writer.scalars("train", step, last_train)
+        writer.progress(step, {name: last_train[key] for name, key in SHOWN_METRICS if key in last_train})
+        window, window_start = [], time.perf_counter()
+
     def run_eval():
         result = evaluate(trainer, state.params, eval_data, max_batches=eval_batches)
         writer.scalars("eval", step, result)
@@ -274,34 +289,16 @@ def train(
             state, step_metrics = trainer.train_step(state, global_batch, dropout_rng)
             step += 1
             window.append(step_metrics)
-            if step % log_period == 0 or (train_steps is not None and step == train_steps):
-                sums = {k: float(sum(m[k] for m in jax.device_get(window))) for k in window[0]}
-                elapsed = time.perf_counter() - window_start
-                tokens = len(window) * train_data.batch_size * train_data.sequence_length
-                last_train = metrics.summarize_train_metrics(sums, steps=len(window))
-                if not math.isfinite(last_train["loss"]):
-                    raise FloatingPointError(
-                        f"The training loss is {last_train['loss']} at step {step}; lower the learning "
-                        "rate, enable clipping, or check the data. The last good checkpoint is untouched.")
-                last_train["tokens_per_second"] = metrics.tokens_per_second(tokens, elapsed)
-                if peak_flops_per_device:
-                    last_train["mfu"] = metrics.model_flops_utilization(
-                        flops_per_token=flops_per_token, tokens_per_second=last_train["tokens_per_second"],
-                        peak_flops_per_device=peak_flops_per_device, num_devices=jax.device_count())
-                writer.scalars("train", step, last_train)
-                shown = {"loss": last_train["loss"], "ppl": last_train["perplexity"],
-                         "lr": last_train["learning_rate"], "gnorm": last_train["grad_norm"],
-                         "tok/s": last_train["tokens_per_second"]}
-                if "mfu" in last_train:
-                    shown["mfu"] = last_train["mfu"]
-                writer.progress(step, shown)
-                window, window_start = [], time.perf_counter()
+            if step % log_period == 0 or step == train_steps:
+                report()
             if iterator.end_of_epoch:
                 writer.print(f"epoch {iterator.epoch} finished at step {step}")
             if eval_data is not None and eval_period and step % eval_period == 0:
                 last_eval = run_eval()
             if checkpoint_period and step % checkpoint_period == 0:
                 save()
+        if window:
+            report()
         if eval_data is not None and (not eval_period or step % eval_period):
             last_eval = run_eval()
         if last_saved != step:
@@ -317,6 +314,28 @@ def train(
         writer.close()
     return {**{f"train/{k}": v for k, v in last_train.items()},
             **{f"eval/{k}": v for k, v in last_eval.items()}, "step": step}
+
+
+# (label on the progress bar, key of the train metrics), in display order.
+SHOWN_METRICS = (("loss", "loss"), ("ppl", "perplexity"), ("lr", "learning_rate"), ("gnorm", "grad_norm"),
+                 ("tok/s", "tokens_per_second"), ("mfu", "mfu"))
+
+
+def summarize_window(step_metrics: Sequence[dict[str, Any]], *, seconds: float, tokens_per_step: int,
+                     flops_per_token: float, peak_flops_per_device: float | None,
+                     num_devices: int) -> dict[str, float]:
+    """Train metrics of the steps since the last report: per-token loss, averages, tokens/s, MFU.
+
+    MFU is reported only when `peak_flops_per_device` is given.
+    """
+    sums = {k: float(sum(m[k] for m in step_metrics)) for k in step_metrics[0]}
+    summary = metrics.summarize_train_metrics(sums, steps=len(step_metrics))
+    summary["tokens_per_second"] = metrics.tokens_per_second(len(step_metrics) * tokens_per_step, seconds)
+    if peak_flops_per_device:
+        summary["mfu"] = metrics.model_flops_utilization(
+            flops_per_token=flops_per_token, tokens_per_second=summary["tokens_per_second"],
+            peak_flops_per_device=peak_flops_per_device, num_devices=num_devices)
+    return summary
 
 
 def sample_text(*, model: decoder_only.DecoderConfig, params: Any, vocabulary: Any, prompt: str,

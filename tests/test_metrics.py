@@ -96,3 +96,19 @@ def test_without_a_bar_reports_are_printed_lines(tmp_path, capsys):
     writer.progress(2, {"loss": 1.25, "tok/s": 1234.0})
     writer.close()
     assert "step 2: loss=1.25, tok/s=1234" in capsys.readouterr().out
+
+
+def test_summarize_window_normalises_over_all_steps_tokens():
+    from t5x_lite.loops import summarize_window
+
+    steps = [{"loss_sum": 30.0, "z_loss_sum": 0.0, "weight_sum": 10.0, "grad_norm": 1.0, "learning_rate": 0.1},
+             {"loss_sum": 10.0, "z_loss_sum": 0.0, "weight_sum": 30.0, "grad_norm": 3.0, "learning_rate": 0.3}]
+    summary = summarize_window(steps, seconds=2.0, tokens_per_step=100, flops_per_token=1e6,
+                               peak_flops_per_device=1e9, num_devices=2)
+    assert summary["loss"] == 40.0 / 40.0  # per token over both steps, not the mean of per-step losses
+    assert summary["grad_norm"] == 2.0 and summary["learning_rate"] == 0.2
+    assert summary["tokens_per_second"] == 100.0
+    assert summary["mfu"] == 1e6 * 100.0 / 2e9
+    no_peak = summarize_window(steps, seconds=2.0, tokens_per_step=100, flops_per_token=1e6,
+                               peak_flops_per_device=None, num_devices=2)
+    assert "mfu" not in no_peak
