@@ -405,7 +405,9 @@ class _SplitWriter:
             "targets": feature(int64_list=self._tf.train.Int64List(value=ids)),
             "id": feature(int64_list=self._tf.train.Int64List(value=[document_id])),
         }))
-        self._writers[self.num_examples % len(self._writers)].write(example.SerializeToString())
+        # Deterministic: protobuf may order the feature map differently in another process.
+        record = example.SerializeToString(deterministic=True)
+        self._writers[self.num_examples % len(self._writers)].write(record)
         self.num_examples += 1
         self.num_tokens += len(ids)
 
@@ -535,9 +537,9 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     hash of its key (path relative to its input, `path:line` for jsonl) and `seed`. The unigram
     vocabulary is trained on a deterministic sample of about `vocab_sample_bytes` of training
     text, unless `vocab_model` names an existing model to copy. Train gets `num_shards` shards,
-    validation min(num_shards, its documents). Outputs are identical for the same inputs, seed
-    and num_workers (which also sets the vocabulary trainer's threads). Returns the metadata in
-    `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
+    validation min(num_shards, its documents). Outputs are identical for the same inputs and
+    seed, whatever `num_workers` (the vocabulary trainer always uses VOCAB_TRAINER_THREADS).
+    Returns the metadata in `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
     """
     start = time.perf_counter()
     num_workers = _default_num_workers() if num_workers is None else num_workers

@@ -122,6 +122,23 @@ def test_same_inputs_give_identical_files(corpus, prepared, tmp_path):
         assert (out_dir / name).read_bytes() == (again / name).read_bytes(), name
 
 
+def test_another_process_with_other_workers_gives_identical_files(corpus, prepared, tmp_path):
+    """Same bytes from a fresh process with 1 worker as from this one with 2 (protobuf's map
+    order and SentencePiece's thread count must not leak into the output)."""
+    import subprocess
+    import sys
+
+    out_dir, _ = prepared
+    again = tmp_path / "again"
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "t5x_lite.prepare", f"--input={corpus[0]}", f"--out={again}",
+                    f"--vocab_size={VOCAB_SIZE}", "--num_shards=3", "--validation_fraction=0.2",
+                    "--num_workers=1"], cwd=root, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(root)})
+    for path in sorted(out_dir.iterdir()):
+        assert path.read_bytes() == (again / path.name).read_bytes(), path.name
+
+
 def test_vocabulary_keeps_code_whitespace(prepared):
     out_dir, _ = prepared
     processor = spm.SentencePieceProcessor(model_file=str(out_dir / "spm.model"))
