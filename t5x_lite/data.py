@@ -17,7 +17,6 @@ import numpy as np
 from t5x_lite.tf_setup import import_tensorflow
 
 
-
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Which task to read and how to batch it (bound in gin/runs/*.gin).

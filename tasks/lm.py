@@ -12,14 +12,13 @@ import functools
 import json
 import os
 
+from t5x_lite.prepare import METADATA_FILE
 from t5x_lite.tf_setup import import_tensorflow
 
 tf = import_tensorflow()  # first, so that seqio and t5 find it quiet and off the GPUs
 
 import seqio  # noqa: E402
 from t5.data import preprocessors as t5_preprocessors  # noqa: E402
-
-METADATA_FILE = "metadata.json"
 
 
 class TaskDataError(ValueError):
