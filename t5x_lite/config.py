@@ -44,19 +44,37 @@ def lm_task(*, name: str, data_dir: str) -> str:
     return lm.lm_task(name=name, data_dir=data_dir)
 
 
+def span_corruption_task(*, name: str, data_dir: str, noise_density: float = 0.15,
+                         mean_noise_span_length: float = 3.0) -> str:
+    """Registers T5's span-corruption task `name` over a prepared directory and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      data_dir: a directory written by `t5x-lite prepare`.
+      noise_density: fraction of tokens replaced by sentinels.
+      mean_noise_span_length: mean length of each corrupted span.
+    """
+    from tasks import span_corruption
+
+    return span_corruption.span_corruption_task(name=name, data_dir=data_dir, noise_density=noise_density,
+                                                mean_noise_span_length=mean_noise_span_length)
+
+
 def register_configurables() -> None:
     """Makes the library's functions and config classes bindable by these gin names."""
     if any(selector.split(".")[-1] == "train" for selector, _ in _registry_items()):
         return
     from t5x_lite import data, loops, optim, trainer
-    from t5x_lite.models import decoder_only
+    from t5x_lite.models import decoder_only, encoder_decoder
 
     gin.external_configurable(loops.train, "train")
     gin.external_configurable(decoder_only.DecoderConfig, "DecoderConfig")
+    gin.external_configurable(encoder_decoder.T5Config, "T5Config")
     gin.external_configurable(data.DataConfig, "DataConfig")
     gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
     gin.external_configurable(trainer.LossConfig, "LossConfig")
     gin.external_configurable(lm_task, "lm_task")
+    gin.external_configurable(span_corruption_task, "span_corruption_task")
 
 
 def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:

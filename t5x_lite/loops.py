@@ -21,7 +21,7 @@ from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
 from t5x_lite import decoding, metrics, partitioning
 from t5x_lite import trainer as trainer_lib
-from t5x_lite.models import decoder_only
+from t5x_lite.models import ModelConfig, stack
 from t5x_lite.optim import OptimizerConfig
 
 
@@ -29,14 +29,18 @@ class RunConfigError(ValueError):
     """The configuration cannot work; the message names the fix. Raised before any compute."""
 
 
-def _validate(*, model: decoder_only.DecoderConfig, train_data: data_lib.DataConfig,
+def _validate(*, model: ModelConfig, train_data: data_lib.DataConfig,
               eval_data: data_lib.DataConfig | None, train_steps: int | None, num_epochs: int | None,
               microbatches: int, batch_shards: int) -> int:
     """Checks sizes against each other and the data; returns the vocabulary size."""
     if train_steps is None and num_epochs is None:
         raise RunConfigError("Set TRAIN_STEPS or train.num_epochs (or both: the run stops at the first).")
+    try:
+        stack.check_backend_supports(model.remat_policy)
+    except ValueError as e:
+        raise RunConfigError(str(e)) from None
     for cfg in filter(None, (train_data, eval_data)):
-        if cfg.sequence_length > model.max_len:
+        if model.family == "decoder_only" and cfg.sequence_length > model.max_len:
             raise RunConfigError(
                 f"{cfg.split} sequence_length={cfg.sequence_length} does not fit the model's "
                 f"max_len={model.max_len}; lower the sequence length or raise DecoderConfig.max_len."
@@ -55,9 +59,10 @@ def _validate(*, model: decoder_only.DecoderConfig, train_data: data_lib.DataCon
         )
     vocab_size = data_lib.vocabulary_size(train_data)
     if not vocab_size <= model.vocab_size < _round_up(vocab_size, 128) + 1:
+        name = type(model).__name__
         raise RunConfigError(
-            f"The task's vocabulary has {vocab_size} entries but DecoderConfig.vocab_size="
-            f"{model.vocab_size}; set --gin.DecoderConfig.vocab_size={vocab_size} (or up to "
+            f"The task's vocabulary has {vocab_size} entries but {name}.vocab_size="
+            f"{model.vocab_size}; set --gin.{name}.vocab_size={vocab_size} (or up to "
             f"{_round_up(vocab_size, 128)}, padded to a multiple of 128)."
         )
     return vocab_size
@@ -78,11 +83,11 @@ def import_task_module(name: str) -> None:
                              "the current directory or PYTHONPATH.") from None
 
 
-def run_metadata(*, model: decoder_only.DecoderConfig, train_data: data_lib.DataConfig, vocab_size: int,
+def run_metadata(*, model: ModelConfig, train_data: data_lib.DataConfig, vocab_size: int,
                  mesh_axes: Any) -> dict:
     """What `checkpoint info` shows and what a resumed run is checked against."""
     return {
-        "family": "decoder_only",
+        "family": model.family,
         "model": model.to_dict(),
         "task": train_data.mixture_or_task_name,
         "vocab_size": vocab_size,
@@ -132,12 +137,12 @@ def _count_steps_per_epoch(config: data_lib.DataConfig, host_batch: int) -> int:
 def train(
     *,
     model_dir: str,
-    model: decoder_only.DecoderConfig,
+    model: ModelConfig,
     train_data: data_lib.DataConfig,
     eval_data: data_lib.DataConfig | None = None,
     optimizer: OptimizerConfig = OptimizerConfig(),
     loss: trainer_lib.LossConfig = trainer_lib.LossConfig(),
-    mesh_axes: Sequence[tuple[str, int]] = (("data", -1), ("model", 1)),
+    mesh_axes: Sequence[tuple[str, int]] = (("data", -1), ("fsdp", 1), ("tensor", 1)),
     logical_axis_rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
     train_steps: int | None = None,
     num_epochs: int | None = None,
@@ -155,17 +160,17 @@ def train(
     progress_bar: bool | None = None,
     task_module: str | None = None,
 ) -> dict[str, float]:
-    """Trains the decoder-only LM and returns the last train and eval metrics.
+    """Trains a model (decoder-only or encoder-decoder) and returns the last train and eval metrics.
 
     Args:
       model_dir: where checkpoints, config.gin and TensorBoard logs go; a run resumes from
         the latest checkpoint found here.
-      model: the model's sizes and switches.
+      model: the model's family, sizes and switches (a DecoderConfig or T5Config).
       train_data / eval_data: the task, split and batching of training and evaluation.
       optimizer: AdamW + schedule + clipping settings.
       loss: z-loss and label smoothing.
       mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices).
-      logical_axis_rules: (logical axis, mesh axis or None) pairs.
+      logical_axis_rules: (logical axis, mesh axis / tuple of mesh axes / None) pairs.
       train_steps: stop after this many optimizer steps (None: no step limit).
       num_epochs: stop at the end of this many passes over the train split (None: no limit).
       microbatches: split each batch into this many microbatches and accumulate gradients.
@@ -185,7 +190,13 @@ def train(
     if task_module:
         import_task_module(task_module)
     model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    try:
+        train_data = train_data.for_model_family(model.family)
+        eval_data = eval_data and eval_data.for_model_family(model.family)
+    except ValueError as e:
+        raise RunConfigError(str(e)) from None
     mesh = partitioning.make_mesh(axes=mesh_axes)
+    logical_axis_rules = partitioning.rules_for_mesh(logical_axis_rules, mesh)
     batch_shards = partitioning.num_batch_shards(mesh, logical_axis_rules)
     vocab_size = _validate(model=model, train_data=train_data, eval_data=eval_data, train_steps=train_steps,
                            num_epochs=num_epochs, microbatches=microbatches, batch_shards=batch_shards)
@@ -205,12 +216,12 @@ def train(
     total_steps = min(s for s in (train_steps, steps_per_epoch and steps_per_epoch * num_epochs) if s)
     tx = optimizer.build(total_steps)
     trainer = trainer_lib.Trainer(
-        model=decoder_only.Decoder(model), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
+        model=model.make_module(), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
         mesh=mesh, rules=logical_axis_rules, loss_config=loss, microbatches=microbatches,
     )
     iterator = data_lib.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
                                       shard_index=jax.process_index(), num_shards=jax.process_count())
-    example = {"decoder_input_tokens": np.zeros((train_data.batch_size, train_data.sequence_length), np.int32)}
+    example = {k: np.zeros(shape, np.int32) for k, shape in train_data.model_feature_shapes(train_data.batch_size).items()}
     abstract_state = trainer.abstract_state(example)
 
     if is_chief:
@@ -220,8 +231,8 @@ def train(
     checkpoints = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints)
     writer = metrics.MetricsWriter(model_dir, total_steps=total_steps, initial_step=latest or 0,
                                    enabled=is_chief, progress_bar=progress_bar)
-    writer.print(f"model: decoder_only, {model.num_params():,} parameters "
-                 f"({model.num_params() - 2 * model.vocab_size * model.emb_dim:,} non-embedding); "
+    writer.print(f"model: {model.family}, {model.num_params():,} parameters "
+                 f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
     if steps_per_epoch:
         writer.print(f"data: {steps_per_epoch} steps per epoch of {train_data.mixture_or_task_name!r} "
@@ -239,7 +250,7 @@ def train(
 
     dropout_rng = jax.random.PRNGKey(seed + 1)
     step = int(state.step)
-    flops_per_token = model.flops_per_token(train_data.sequence_length)
+    flops_per_token = _flops_per_token(model, train_data)
     last_train: dict[str, float] = {}
     last_eval: dict[str, float] = {}
     window: list[dict[str, jax.Array]] = []
@@ -304,7 +315,9 @@ def train(
         if last_saved != step:
             save()
         checkpoints.wait()
-        if sample_prompt is not None and is_chief:
+        if sample_prompt is not None and is_chief and model.family != "decoder_only":
+            writer.print("sample skipped: sampling after training supports decoder-only models")
+        elif sample_prompt is not None and is_chief:
             vocabulary = data_lib.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
             text = sample_text(model=model, params=state.params, vocabulary=vocabulary, prompt=sample_prompt,
                                max_new_tokens=sample_max_new_tokens, seed=seed)
@@ -338,13 +351,20 @@ def summarize_window(step_metrics: Sequence[dict[str, Any]], *, seconds: float, 
     return summary
 
 
-def sample_text(*, model: decoder_only.DecoderConfig, params: Any, vocabulary: Any, prompt: str,
+def _flops_per_token(model: ModelConfig, data: data_lib.DataConfig) -> float:
+    """Training FLOPs per target token (for encoder-decoders, the encoder's share included)."""
+    if model.family == "encoder_decoder":
+        return model.flops_per_token(data.sequence_length, inputs_length=data.inputs_length)
+    return model.flops_per_token(data.sequence_length)
+
+
+def sample_text(*, model: ModelConfig, params: Any, vocabulary: Any, prompt: str,
                 max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
                 top_p: float = 1.0) -> str:
     """Decodes a continuation of `prompt` as text."""
     params = jax.device_get(params)
     tokens = decoding.generate(
-        model=decoder_only.Decoder(model), params=params, prompt=list(vocabulary.encode(prompt)),
+        model=model.make_module(), params=params, prompt=list(vocabulary.encode(prompt)),
         max_new_tokens=max_new_tokens, max_len=model.max_len, rng=jax.random.PRNGKey(seed),
         temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id,
     )

@@ -1,8 +1,15 @@
 """Device meshes and the mapping from logical axis names to mesh axes.
 
 Model code names only logical axes (`batch`, `length`, `embed`, `heads`, `kv_heads`, `kv`,
-`mlp`, `vocab`, `layers`). A rule table, bound in gin/mesh/*.gin, says which mesh axis each
-one is sharded over; this module turns those names into `NamedSharding`s.
+`mlp`, `vocab`, `layers`, `relpos_buckets`, `positions`). A rule table, bound in
+gin/mesh/*.gin, says which mesh axes each one is sharded over; this module turns those names
+into `NamedSharding`s.
+
+Mesh axes, outermost first: `replica` (copies across slices or hosts, over DCN), `data`
+(data parallel), `fsdp` (data parallel with parameters and optimizer state sharded),
+`tensor` (Megatron-style tensor parallel, kept inside a host). Rules are applied in order and
+a mesh axis is used at most once per array, so `('batch', ('replica', 'data', 'fsdp'))`
+before `('embed', 'fsdp')` shards activations by batch and parameters by embed.
 """
 
 from __future__ import annotations
@@ -18,27 +25,36 @@ from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-LogicalRules = Sequence[tuple[str, str | None]]
+LogicalRules = Sequence[tuple[str, Any]]
 
-# Data parallel on `data`, tensor parallel (Megatron-style) on `model`.
-DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
-    ("batch", "data"),
+MESH_AXIS_NAMES = ("replica", "data", "fsdp", "tensor")
+
+# Works for every mesh of the axes above: the mesh's sizes decide what is really split.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("replica", "data", "fsdp")),
+    ("vocab", "tensor"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("embed", "fsdp"),
     ("length", None),
-    ("embed", None),
-    ("vocab", "model"),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("kv_heads", "model"),
     ("kv", None),
     ("layers", None),
+    ("relpos_buckets", None),
+    ("positions", None),
 )
 
 
 def make_mesh(
-    *, axes: Mapping[str, int] | Sequence[tuple[str, int]] = (("data", -1), ("model", 1)),
+    *, axes: Mapping[str, int] | Sequence[tuple[str, int]] = (("data", -1), ("fsdp", 1), ("tensor", 1)),
     devices: Sequence[jax.Device] | None = None,
 ) -> Mesh:
-    """Builds a mesh from {axis name: size}; one size may be -1 to take the remaining devices."""
+    """Builds a mesh from {axis name: size}; one size may be -1 to take the remaining devices.
+
+    With several hosts (or TPU slices) the outer axes are laid across them and the inner ones
+    inside each (`mesh_utils.create_hybrid_device_mesh`), so tensor-parallel groups never
+    leave a host.
+    """
     items = list(axes.items()) if isinstance(axes, Mapping) else [tuple(a) for a in axes]
     devices = list(devices if devices is not None else jax.devices())
     names = [name for name, _ in items]
@@ -58,8 +74,56 @@ def make_mesh(
             f"Mesh axes {dict(zip(names, sizes))} need {math.prod(sizes)} devices but "
             f"{len(devices)} are available; set one axis to -1 or fix the sizes."
         )
-    device_array = mesh_utils.create_device_mesh(sizes, devices=devices)
+    granules, per_slice = _granules(devices)
+    if granules > 1:
+        dcn = split_over_granules(dict(zip(names, sizes)), granules)
+        ici = [size // d for size, d in zip(sizes, dcn)]
+        device_array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices, process_is_granule=not per_slice)
+    else:
+        device_array = mesh_utils.create_device_mesh(sizes, devices=devices)
     return Mesh(device_array, tuple(names))
+
+
+def _granules(devices: Sequence[jax.Device]) -> tuple[int, bool]:
+    """(number of fast-interconnect groups, whether they are TPU slices rather than processes)."""
+    slices = {getattr(d, "slice_index", None) for d in devices}
+    if None not in slices and len(slices) > 1:
+        return len(slices), True
+    return len({d.process_index for d in devices}), False
+
+
+def split_over_granules(axes: Mapping[str, int], granules: int) -> list[int]:
+    """How many ways each mesh axis crosses hosts (or slices): taken from the outermost axes.
+
+    Inner axes (`tensor`, then `fsdp`) stay inside one host, where the interconnect is fast.
+    Fails when the outer axes cannot absorb the host count.
+    """
+    remaining, dcn = granules, []
+    for size in axes.values():
+        d = math.gcd(size, remaining)
+        dcn.append(d)
+        remaining //= d
+    if remaining != 1:
+        raise ValueError(f"Mesh axes {dict(axes)} cannot be laid over {granules} hosts/slices: the product of "
+                         "axes must be a multiple of the host count.")
+    spanning = [name for name, d in zip(axes, dcn) if d > 1 and name == "tensor"]
+    if spanning:
+        raise ValueError(f"Mesh axes {dict(axes)} over {granules} hosts would split the `tensor` axis across "
+                         "hosts; make the outer axes (replica, data, fsdp) at least the host count.")
+    return dcn
+
+
+def rules_for_mesh(rules: LogicalRules, mesh: Mesh) -> tuple[tuple[str, Any], ...]:
+    """The rules with every mesh axis the mesh lacks removed, so one table serves all meshes."""
+    def keep(target):
+        if target is None:
+            return None
+        if isinstance(target, str):
+            return target if target in mesh.axis_names else None
+        kept = tuple(a for a in target if a in mesh.axis_names)
+        return kept or None
+
+    return tuple((logical, keep(target)) for logical, target in rules)
 
 
 def logical_to_mesh_spec(logical: Sequence[str | None], rules: LogicalRules) -> PartitionSpec:

@@ -16,8 +16,7 @@ from t5x_lite import errors
 
 def load_params(model_dir: str, step: int | None = None):
     """(model config, params, step) of a checkpoint in `model_dir` (the latest by default)."""
-    from t5x_lite import checkpoint, loops
-    from t5x_lite.models import decoder_only
+    from t5x_lite import checkpoint, loops, models
 
     checkpoints = checkpoint.Checkpointer(model_dir, create=False)
     steps = checkpoints.all_steps()
@@ -30,7 +29,10 @@ def load_params(model_dir: str, step: int | None = None):
     metadata = checkpoints.metadata(step)
     params = checkpoints.restore_params(step)
     checkpoints.close()
-    return decoder_only.DecoderConfig(**metadata["model"]), params, step
+    if metadata["family"] != "decoder_only":
+        raise loops.RunConfigError(f"{model_dir} holds a {metadata['family']} model; `sample` generates "
+                                   "from decoder-only models.")
+    return models.config_from_dict(metadata["family"], metadata["model"]), params, step
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,8 +1,10 @@
 """The jitted train and eval steps, and the sharded train state they update.
 
-A step sees a global batch in seqio's decoder feature names (`decoder_input_tokens`,
-`decoder_target_tokens`, `decoder_loss_weights`, and with packing `decoder_segment_ids`,
-`decoder_positions`). The loss is normalised per non-padding target token over the whole
+A step sees a global batch in seqio's feature names: `decoder_target_tokens` and
+`decoder_loss_weights` are the labels, and every other feature (`decoder_input_tokens`, and
+for encoder-decoders `encoder_input_tokens`, with packing the `*_segment_ids` and
+`*_positions`) is passed to the model by name. The same trainer therefore serves both model
+families. The loss is normalised per non-padding target token over the whole
 global batch, so gradient accumulation and the device count do not change it.
 """
 
@@ -47,16 +49,17 @@ class LossConfig:
     label_smoothing: float = 0.0
 
 
+LABEL_FEATURES = ("decoder_target_tokens", "decoder_loss_weights")
+
+
+def model_inputs(batch: Batch) -> Batch:
+    """The features a model reads (everything but the labels), by seqio name."""
+    return {k: v for k, v in batch.items() if k not in LABEL_FEATURES}
+
+
 def _logits(model: nn.Module, params: Any, batch: Batch, *, deterministic: bool, rng=None) -> jax.Array:
     rngs = None if deterministic else {"dropout": rng}
-    return model.apply(
-        {"params": params},
-        batch["decoder_input_tokens"],
-        positions=batch.get("decoder_positions"),
-        segment_ids=batch.get("decoder_segment_ids"),
-        deterministic=deterministic,
-        rngs=rngs,
-    )
+    return model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs)
 
 
 def loss_sums(model: nn.Module, params: Any, batch: Batch, loss_config: LossConfig, *,
@@ -82,6 +85,7 @@ class Trainer:
     microbatches: int = 1
 
     def __post_init__(self):
+        self.rules = partitioning.rules_for_mesh(self.rules, self.mesh)
         self.batch_sharding = partitioning.batch_sharding(self.mesh, self.rules)
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self.state_shardings = None
@@ -95,9 +99,12 @@ class Trainer:
             yield
 
     def abstract_state(self, example_batch: Batch) -> TrainState:
-        """Shapes and shardings of the train state, without allocating it."""
+        """Shapes and shardings of the train state, without allocating it.
+
+        `example_batch` needs only the model's input features, with the global batch shape.
+        """
         def init_variables(rng):
-            return self.model.init(rng, example_batch["decoder_input_tokens"])
+            return self.model.init(rng, **model_inputs(example_batch))
 
         with self._context():
             variables = jax.eval_shape(init_variables, jax.random.PRNGKey(0))
@@ -120,10 +127,11 @@ class Trainer:
         """Initialises parameters and optimizer state directly in their shardings."""
         if self.state_shardings is None:
             self.abstract_state(example_batch)
-        tokens_shape = example_batch["decoder_input_tokens"].shape
+        shapes = {k: (v.shape, v.dtype) for k, v in model_inputs(example_batch).items()}
 
         def init(rng):
-            params = self.model.init(rng, jnp.zeros(tokens_shape, jnp.int32))["params"]
+            inputs = {k: jnp.zeros(shape, dtype) for k, (shape, dtype) in shapes.items()}
+            params = self.model.init(rng, **inputs)["params"]
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
         with self._context():

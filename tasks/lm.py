@@ -52,26 +52,34 @@ def _check_split_files(data_dir: str, metadata: dict) -> dict[str, str]:
 
 
 @seqio.map_over_dataset
-def _targets_as_int32(example: dict) -> dict:
+def targets_as_int32(example: dict) -> dict:
+    """Prepared records store int64 ids; models and seqio's converters want int32."""
     return {"targets": tf.cast(example["targets"], tf.int32)}
 
 
-def register_lm_task(name: str, data_dir: str) -> seqio.Task:
-    """Registers (or re-registers) an LM task `name` over a prepared directory."""
+def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSource, seqio.Vocabulary]:
+    """The token-id records of a prepared directory and its vocabulary (+ sentinel ids)."""
     metadata = read_metadata(data_dir)
     patterns = _check_split_files(data_dir, metadata)
-    vocabulary = seqio.SentencePieceVocabulary(os.path.join(data_dir, metadata["vocabulary"]))
+    vocabulary = seqio.SentencePieceVocabulary(os.path.join(data_dir, metadata["vocabulary"]),
+                                               extra_ids=extra_ids)
     source = seqio.TFExampleDataSource(
         split_to_filepattern=patterns,
         feature_description={"targets": tf.io.RaggedFeature(tf.int64)},
     )
+    return source, vocabulary
+
+
+def register_lm_task(name: str, data_dir: str) -> seqio.Task:
+    """Registers (or re-registers) an LM task `name` over a prepared directory."""
+    source, vocabulary = prepared_source(data_dir)
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
     return seqio.TaskRegistry.add(
         name,
         source=source,
         preprocessors=[
-            _targets_as_int32,
+            targets_as_int32,
             t5_preprocessors.split_tokens_to_targets_length,
             seqio.preprocessors.append_eos_after_trim,
         ],

@@ -71,10 +71,10 @@ def test_resume_is_exact(data_dir, tmp_path):
 def test_eight_devices_match_one(data_dir, tmp_path):
     one = train(data_dir, tmp_path / "one", "--gin.TRAIN_STEPS=6", "--gin.train.log_period=1")
     eight = train(data_dir, tmp_path / "eight", "--gin.TRAIN_STEPS=6", "--gin.train.log_period=1",
-                  "--gin_file=mesh/data_model.gin", devices=8)
+                  "--gin_file=mesh/fsdp_tensor.gin", devices=8)
     assert one.returncode == 0, one.stderr[-3000:]
     assert eight.returncode == 0, eight.stderr[-3000:]
-    assert "mesh {'data': 4, 'model': 2} on 8 cpu" in eight.stdout
+    assert "mesh {'replica': 1, 'data': 1, 'fsdp': 4, 'tensor': 2} on 8 cpu" in eight.stdout
     np.testing.assert_allclose(losses(eight.stdout), losses(one.stdout), rtol=2e-4)
 
 

@@ -131,7 +131,7 @@ def test_packed_sequences_match_sequences_run_alone():
     tokens = jnp.concatenate([seq_a, seq_b, jnp.zeros((pad,), jnp.int32)])[None]
     segment_ids = jnp.asarray([[1] * 5 + [2] * 7 + [0] * pad], jnp.int32)
     positions = jnp.asarray([list(range(5)) + list(range(7)) + [0] * pad], jnp.int32)
-    packed = np.asarray(_apply(BASE, params, tokens, positions=positions, segment_ids=segment_ids))
+    packed = np.asarray(_apply(BASE, params, tokens, decoder_positions=positions, decoder_segment_ids=segment_ids))
     alone_a = np.asarray(_apply(BASE, params, seq_a[None]))
     alone_b = np.asarray(_apply(BASE, params, seq_b[None]))
     np.testing.assert_allclose(packed[0, :5], alone_a[0], atol=1e-5, rtol=1e-5)
@@ -159,7 +159,7 @@ def test_unknown_remat_policy_raises_naming_valid_ones():
     for name in stack.REMAT_POLICIES:
         assert name in message
     with pytest.raises(ValueError, match="none"):
-        stack.stack_layers(decoder_only.DecoderBlock, num_layers=2, scan=True, remat="bogus")
+        stack.stack_layers(decoder_only.DecoderBlock, num_layers=2, scan=True, remat="bogus", num_broadcast=2)
 
 
 def test_bfloat16_keeps_float32_params_and_runs():

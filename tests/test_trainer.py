@@ -37,7 +37,7 @@ def make_batch(seed=0, batch=BATCH, length=LENGTH):
 
 
 @functools.lru_cache(maxsize=None)
-def get_trainer(mesh_axes=(("data", 1), ("model", 1)), optimizer="adamw", microbatches=1):
+def get_trainer(mesh_axes=(("data", 1), ("fsdp", 1), ("tensor", 1)), optimizer="adamw", microbatches=1):
     devices = jax.devices()[: int(np.prod([s for _, s in mesh_axes]))]
     mesh = partitioning.make_mesh(axes=mesh_axes, devices=devices)
     tx, schedule = OPTIMIZERS[optimizer]
@@ -150,7 +150,12 @@ def test_padding_rows_do_not_change_the_update():
     assert_trees_close(params_real, params_a, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mesh_axes", [(("data", 8), ("model", 1)), (("data", 4), ("model", 2))])
+MESHES_8 = {"8x1x1": (("data", 8), ("fsdp", 1), ("tensor", 1)),
+            "1x8x1": (("data", 1), ("fsdp", 8), ("tensor", 1)),
+            "2x2x2": (("data", 2), ("fsdp", 2), ("tensor", 2))}
+
+
+@pytest.mark.parametrize("mesh_axes", list(MESHES_8.values()), ids=list(MESHES_8))
 def test_multi_device_mesh_matches_one_device(mesh_axes, one_device_adamw_run):
     assert len(jax.devices()) == 8
     trainer = get_trainer(mesh_axes=mesh_axes)

@@ -1,25 +1,30 @@
-"""Decoder-only language model (LLaMA style: pre-norm RMSNorm, RoPE, SwiGLU, grouped-query attention).
+"""Decoder-only language model, LLaMA style or GPT-2 style.
 
-Read top to bottom: config, one block, the stack, the model.
+LLaMA style (the default): RoPE, RMSNorm, SwiGLU, grouped-query attention, untied output.
+GPT-2 style (gin/models/gpt2_*.gin): learned positions, LayerNorm, GELU MLP, biases, tied
+embeddings. Both are pre-norm. Read top to bottom: config, one block, the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
 from t5x_lite.models import layers, stack
+from t5x_lite.models.config_base import ModelConfigBase, check_choice
 
 Array = jax.Array
 LOGITS_INIT = nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal")
+POSITION_KINDS = ("rope", "learned")
+# GPT-2 initialises its (tied) embeddings and learned positions with this standard deviation.
+GPT2_EMBED_STDDEV = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(ModelConfigBase):
     """Sizes and switches of a decoder-only LM (bound in gin/models/*.gin).
 
     Attributes:
@@ -28,14 +33,20 @@ class DecoderConfig:
       num_heads: query heads.
       num_kv_heads: key/value heads (grouped-query attention); divides num_heads.
       head_dim: width of each head.
-      mlp_dim: hidden width of the SwiGLU MLP.
+      mlp_dim: hidden width of the MLP.
       num_layers: number of transformer blocks.
-      max_len: longest sequence the model is configured for (training and decoding).
-      dropout_rate: dropout after attention and MLP; 0 disables it.
+      max_len: longest sequence the model is configured for (training and decoding); also
+        the size of the learned position table.
+      dropout_rate: dropout on the embeddings and after attention and MLP; 0 disables it.
       dtype: compute dtype ('float32' or 'bfloat16'); parameters are always float32.
       scan_layers: stack blocks with scan_with_axes (fast compile) or unroll them.
       remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
-      rope_max_wavelength: RoPE base.
+      rope_max_wavelength: RoPE base (position_embedding='rope' only).
+      position_embedding: 'rope' (rotary, LLaMA) or 'learned' (a table of max_len rows, GPT-2).
+      norm: 'rmsnorm' (LLaMA) or 'layernorm' (GPT-2, with bias).
+      mlp_activations: ('silu', 'linear') is SwiGLU; ('gelu',) is GPT-2's MLP.
+      use_bias: biases in every projection (GPT-2).
+      tie_embeddings: compute logits with the input embedding table (GPT-2).
     """
 
     vocab_size: int = 4096
@@ -51,36 +62,52 @@ class DecoderConfig:
     scan_layers: bool = True
     remat_policy: str = "none"
     rope_max_wavelength: float = 10_000.0
+    position_embedding: str = "rope"
+    norm: str = "rmsnorm"
+    mlp_activations: tuple[str, ...] = ("silu", "linear")
+    use_bias: bool = False
+    tie_embeddings: bool = False
+
+    family = "decoder_only"
 
     def __post_init__(self):
+        self._check_common()
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}."
             )
-        stack.remat_policy(self.remat_policy)  # fails early on an unknown name
+        check_choice("position_embedding", self.position_embedding, POSITION_KINDS)
+        check_choice("norm", self.norm, tuple(layers.NORMS))
 
-    @property
-    def compute_dtype(self) -> Any:
-        return jnp.dtype(self.dtype)
+    def make_module(self) -> nn.Module:
+        return Decoder(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    def num_embedding_params(self) -> int:
+        """Parameters of the lookup tables (tokens, and learned positions)."""
+        positions = self.max_len * self.emb_dim if self.position_embedding == "learned" else 0
+        return self.vocab_size * self.emb_dim + positions
 
     def num_params(self) -> int:
         """Parameter count from the sizes alone (checked against the real tree in tests)."""
         d, h, kv, hd, m, v = (self.emb_dim, self.num_heads, self.num_kv_heads,
                               self.head_dim, self.mlp_dim, self.vocab_size)
-        attention = d * hd * (2 * h + 2 * kv)
-        block = attention + 3 * d * m + 2 * d
-        return 2 * v * d + self.num_layers * block + d
+        bias = int(self.use_bias)
+        norm = 2 * d if self.norm == "layernorm" else d
+        attention = d * hd * (2 * h + 2 * kv) + bias * (hd * (h + 2 * kv) + d)
+        mlp = len(self.mlp_activations) * (d * m + bias * m) + m * d + bias * d
+        block = attention + mlp + 2 * norm
+        logits = 0 if self.tie_embeddings else v * d + bias * v
+        return self.num_embedding_params() + self.num_layers * block + norm + logits
 
     def flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token: 6 x (non-embedding-lookup params) + attention scores.
+        """Training FLOPs per token: 6 x (matmul params, the output projection included) + attention.
 
         The attention term is 12 * layers * heads * head_dim * seq_len (forward QK^T and AV,
         times three for the backward pass), as in the PaLM appendix.
         """
-        matmul_params = self.num_params() - self.vocab_size * self.emb_dim
+        matmul_params = self.num_params() - self.num_embedding_params()
+        if self.tie_embeddings:
+            matmul_params += self.vocab_size * self.emb_dim
         attention = 12 * self.num_layers * self.num_heads * self.head_dim * seq_len
         return 6.0 * matmul_params + attention
 
@@ -95,44 +122,62 @@ class DecoderBlock(nn.Module):
     def __call__(self, x: Array, mask: Array, positions: Array):
         cfg = self.config
         dtype = cfg.compute_dtype
+        norm = layers.NORMS[cfg.norm]
         x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
-        h = layers.RMSNorm(dtype=dtype, name="attn_norm")(x)
+        h = norm(dtype=dtype, name="attn_norm")(x)
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,
-                             cfg.rope_max_wavelength, name="attention")(h, mask, positions)
+                             use_rope=cfg.position_embedding == "rope",
+                             rope_max_wavelength=cfg.rope_max_wavelength, use_bias=cfg.use_bias,
+                             name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
-        h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(x)
-        h = layers.SwiGLU(cfg.mlp_dim, dtype, name="mlp")(h)
+        h = norm(dtype=dtype, name="mlp_norm")(x)
+        h = layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, use_bias=cfg.use_bias, name="mlp")(h)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         return layers.with_logical_constraint(x, ("batch", "length", "embed")), None
 
 
 class Decoder(nn.Module):
-    """The LM: token ids [batch, length] -> float32 logits [batch, length, vocab]."""
+    """The LM: token ids [batch, length] -> float32 logits [batch, length, vocab].
+
+    Arguments carry seqio's feature names, so a batch from the LM feature converter can be
+    passed as keyword arguments.
+    """
 
     config: DecoderConfig
 
     @nn.compact
     def __call__(
         self,
-        tokens: Array,
-        positions: Array | None = None,
-        segment_ids: Array | None = None,
+        decoder_input_tokens: Array,
+        decoder_positions: Array | None = None,
+        decoder_segment_ids: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
         cfg = self.config
-        if segment_ids is None:
-            segment_ids = jnp.ones_like(tokens)
+        dtype = cfg.compute_dtype
+        tokens = decoder_input_tokens
+        segment_ids = jnp.ones_like(tokens) if decoder_segment_ids is None else decoder_segment_ids
+        positions = decoder_positions
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         mask = layers.make_attention_mask(segment_ids)
 
-        x = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.compute_dtype, name="token_embed")(tokens)
+        gpt2_init = cfg.tie_embeddings or cfg.position_embedding == "learned"
+        embed = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV if gpt2_init else 1.0,
+                             name="token_embed")
+        x = embed(tokens)
+        if cfg.position_embedding == "learned":
+            x = x + layers.Embed(cfg.max_len, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV / 2,
+                                 axes=("positions", "embed"), name="position_embed")(positions)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
-        blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers,
-                                    scan=cfg.scan_layers, remat=cfg.remat_policy)
+        blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
+                                    remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic)(x, mask, positions)
-        x = layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(x)
-        # A small output init makes the initial loss ~ln(vocab): the step-0 sanity check relies on it.
-        logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), cfg.compute_dtype,
-                              kernel_init=LOGITS_INIT, name="logits")(x)
+        x = layers.NORMS[cfg.norm](dtype=dtype, name="final_norm")(x)
+        if cfg.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            # A small output init makes the initial loss ~ln(vocab): the step-0 check relies on it.
+            logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), dtype, kernel_init=LOGITS_INIT,
+                                  use_bias=cfg.use_bias, name="logits")(x)
         return layers.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))

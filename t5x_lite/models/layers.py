@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
+from jax.ad_checkpoint import checkpoint_name
 
 Array = jax.Array
 DType = Any
@@ -37,6 +38,39 @@ def make_attention_mask(segment_ids: Array) -> Array:
     return (causal[None] & same_segment)[:, None]
 
 
+def make_bidirectional_mask(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
+    """Encoder and cross-attention mask: [batch, 1, q_len, kv_len] bool, same segment only.
+
+    Segment 0 marks padding; like the causal mask, padding attends only to padding.
+    """
+    return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
+
+
+def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> Array:
+    """T5's bucketing of (key position - query position) into `num_buckets` integer buckets.
+
+    Half of the buckets (per direction) hold exact small distances; the rest grow
+    logarithmically up to `max_distance`, beyond which all distances share the last bucket.
+    A unidirectional (decoder) bucketing maps every future position to bucket 0.
+    """
+    n = -relative_position
+    bucket = jnp.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).astype(n.dtype) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    log_ratio = jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps) / math.log(
+        max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(n.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(is_small, n, large)
+
+
 def rotary_embedding(x: Array, positions: Array, max_wavelength: float = 10_000.0) -> Array:
     """Applies rotary position embedding (RoPE) to x: [batch, length, heads, head_dim].
 
@@ -55,6 +89,15 @@ def rotary_embedding(x: Array, positions: Array, max_wavelength: float = 10_000.
     return rotated.astype(x.dtype)
 
 
+ACTIVATIONS = {
+    "gelu": nn.gelu,  # tanh approximation, as in GPT-2 and T5 v1.1 ("gelu_new")
+    "gelu_exact": lambda x: nn.gelu(x, approximate=False),
+    "relu": nn.relu,
+    "silu": nn.silu,
+    "linear": lambda x: x,
+}
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale and no bias (T5 / LLaMA)."""
 
@@ -70,30 +113,55 @@ class RMSNorm(nn.Module):
         return (normed * scale).astype(self.dtype)
 
 
+class LayerNorm(nn.Module):
+    """Layer norm with a learned scale and bias (GPT-2)."""
+
+    epsilon: float = 1e-5
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        features = x.shape[-1]
+        scale = param_with_axes("scale", nn.initializers.ones, (features,), jnp.float32, axes=("embed",))
+        bias = param_with_axes("bias", nn.initializers.zeros, (features,), jnp.float32, axes=("embed",))
+        x32 = x.astype(jnp.float32)
+        centered = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+        normed = centered * jax.lax.rsqrt(jnp.mean(jnp.square(centered), axis=-1, keepdims=True) + self.epsilon)
+        return (normed * scale + bias).astype(self.dtype)
+
+
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+
+
 class Embed(nn.Module):
-    """Token embedding table [vocab, embed]."""
+    """Embedding table [vocab, embed]; `attend` reuses it as the output projection (tied logits)."""
 
     num_embeddings: int
     features: int
     dtype: DType = jnp.float32
+    stddev: float = 1.0
+    axes: tuple[str, str] = ("vocab", "embed")
 
-    @nn.compact
-    def __call__(self, tokens: Array) -> Array:
-        table = param_with_axes(
-            "embedding",
-            nn.initializers.normal(stddev=1.0),
-            (self.num_embeddings, self.features),
-            jnp.float32,
-            axes=("vocab", "embed"),
+    def setup(self):
+        self.embedding = param_with_axes(
+            "embedding", nn.initializers.normal(stddev=self.stddev),
+            (self.num_embeddings, self.features), jnp.float32, axes=self.axes,
         )
-        return jnp.take(table, tokens, axis=0).astype(self.dtype)
+
+    def __call__(self, ids: Array) -> Array:
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        """x [..., embed] -> [..., vocab] scores against every row of the table."""
+        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
 
 
 class Dense(nn.Module):
     """A projection whose kernel dimensions are named by logical axes.
 
     `features` may be a tuple (for example (heads, head_dim)); the kernel is
-    [in_features, *features] with `axes` naming each kernel dimension.
+    [in_features, *features] with `axes` naming each kernel dimension. The optional bias
+    has the output dimensions' axes.
     """
 
     features: tuple[int, ...]
@@ -101,6 +169,7 @@ class Dense(nn.Module):
     dtype: DType = jnp.float32
     contract_dims: int = 1
     kernel_init: Any = default_kernel_init
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -115,48 +184,109 @@ class Dense(nn.Module):
 
         kernel = param_with_axes("kernel", init, shape, jnp.float32, axes=self.axes)
         contract = tuple(range(x.ndim - self.contract_dims, x.ndim))
-        return jax.lax.dot_general(
+        y = jax.lax.dot_general(
             x.astype(self.dtype),
             kernel.astype(self.dtype),
             ((contract, tuple(range(self.contract_dims))), ((), ())),
         )
+        if self.use_bias:
+            bias = param_with_axes("bias", nn.initializers.zeros, tuple(self.features), jnp.float32,
+                                   axes=self.axes[self.contract_dims:])
+            y = y + bias.astype(self.dtype)
+        return y
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with grouped-query heads and RoPE.
+    """Multi-head attention (self or cross) with grouped-query heads, optional RoPE and bias.
 
     Runs through `jax.nn.dot_product_attention`, which picks a fused kernel where the
-    backend has one (cuDNN flash attention on GPUs) and plain XLA elsewhere.
+    backend has one (cuDNN flash attention on GPUs) and plain XLA elsewhere. The q, k and v
+    projections are tagged with `checkpoint_name` so remat policies can save them by name.
+
+    Attributes:
+      use_rope: rotate q and k by their positions (LLaMA); off for learned or relative positions.
+      fold_scale_into_query: T5's convention: no 1/sqrt(head_dim) at run time; the query
+        kernel's initialisation is scaled down by that factor instead.
     """
 
     num_heads: int
     num_kv_heads: int
     head_dim: int
     dtype: DType = jnp.float32
+    use_rope: bool = True
     rope_max_wavelength: float = 10_000.0
+    use_bias: bool = False
+    fold_scale_into_query: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, positions: Array) -> Array:
-        q = Dense((self.num_heads, self.head_dim), ("embed", "heads", "kv"), self.dtype, name="query")(x)
-        k = Dense((self.num_kv_heads, self.head_dim), ("embed", "kv_heads", "kv"), self.dtype, name="key")(x)
-        v = Dense((self.num_kv_heads, self.head_dim), ("embed", "kv_heads", "kv"), self.dtype, name="value")(x)
-        q = rotary_embedding(q, positions, self.rope_max_wavelength)
-        k = rotary_embedding(k, positions, self.rope_max_wavelength)
-        q = with_logical_constraint(q, ("batch", "length", "heads", "kv"))
-        out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array, *, q_positions: Array | None = None,
+                 kv_positions: Array | None = None, bias: Array | None = None) -> Array:
+        query_init = default_kernel_init
+        if self.fold_scale_into_query:
+            query_init = nn.initializers.variance_scaling(1.0 / self.head_dim, "fan_in", "truncated_normal")
+        project = lambda heads, axes, name, init=default_kernel_init: Dense(  # noqa: E731
+            (heads, self.head_dim), axes, self.dtype, kernel_init=init, use_bias=self.use_bias, name=name)
+        q = project(self.num_heads, ("embed", "heads", "kv"), "query", query_init)(inputs_q)
+        k = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "key")(inputs_kv)
+        v = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "value")(inputs_kv)
+        if self.use_rope:
+            q = rotary_embedding(q, q_positions, self.rope_max_wavelength)
+            k = rotary_embedding(k, kv_positions, self.rope_max_wavelength)
+        q = checkpoint_name(with_logical_constraint(q, ("batch", "length", "heads", "kv")), "query_proj")
+        k = checkpoint_name(k, "key_proj")
+        v = checkpoint_name(v, "value_proj")
+        scale = 1.0 if self.fold_scale_into_query else None
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
-        return Dense((x.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2, name="out")(out)
+        return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
+                     use_bias=self.use_bias, name="out")(out)
 
 
-class SwiGLU(nn.Module):
-    """Gated MLP: (silu(x W0) * x W1) Wo."""
+class MLP(nn.Module):
+    """Transformer MLP: act_0(x Wi_0) * act_1(x Wi_1) * ... then Wo.
+
+    One activation is a plain MLP (('gelu',): GPT-2); two make a gated one
+    (('silu', 'linear'): SwiGLU of LLaMA; ('gelu', 'linear'): gated-GELU of T5 v1.1).
+    """
 
     mlp_dim: int
+    activations: tuple[str, ...] = ("silu", "linear")
     dtype: DType = jnp.float32
+    use_bias: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        gate = Dense((self.mlp_dim,), ("embed", "mlp"), self.dtype, name="wi_0")(x)
-        up = Dense((self.mlp_dim,), ("embed", "mlp"), self.dtype, name="wi_1")(x)
-        hidden = with_logical_constraint(nn.silu(gate) * up, ("batch", "length", "mlp"))
-        return Dense((x.shape[-1],), ("mlp", "embed"), self.dtype, name="wo")(hidden)
+        hidden = None
+        for i, name in enumerate(self.activations):
+            dense_name = "wi" if len(self.activations) == 1 else f"wi_{i}"
+            h = Dense((self.mlp_dim,), ("embed", "mlp"), self.dtype, use_bias=self.use_bias, name=dense_name)(x)
+            h = ACTIVATIONS[name](h)
+            hidden = h if hidden is None else hidden * h
+        hidden = checkpoint_name(with_logical_constraint(hidden, ("batch", "length", "mlp")), "mlp_hidden")
+        return Dense((x.shape[-1],), ("mlp", "embed"), self.dtype, use_bias=self.use_bias, name="wo")(hidden)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned attention bias per (head, relative-position bucket): [1, heads, q_len, kv_len].
+
+    Positions are the indices within the row; with packing, tokens of different segments never
+    attend to each other, so each example sees the same relative positions it would see alone.
+    """
+
+    num_heads: int
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+    dtype: DType = jnp.float32
+
+    @nn.compact
+    def __call__(self, q_len: int, kv_len: int) -> Array:
+        relative = jnp.arange(kv_len)[None, :] - jnp.arange(q_len)[:, None]
+        buckets = relative_position_bucket(relative, bidirectional=self.bidirectional,
+                                           num_buckets=self.num_buckets, max_distance=self.max_distance)
+        table = param_with_axes(
+            "rel_embedding", nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            (self.num_heads, self.num_buckets), jnp.float32, axes=("heads", "relpos_buckets"),
+        )
+        bias = jnp.take(table, buckets, axis=1)  # [heads, q, kv]
+        return bias[None].astype(self.dtype)

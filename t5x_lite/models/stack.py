@@ -8,21 +8,50 @@ import jax
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
+_policies = jax.checkpoint_policies
+# Activations tagged with checkpoint_name in layers.Attention.
+QKV_NAMES = ("query_proj", "key_proj", "value_proj")
+
 # Remat policies by name. `none` keeps every activation; `full` recomputes the whole block in
-# the backward pass; the others save the named intermediates and recompute the rest.
+# the backward pass; the others save the named intermediates and recompute the rest:
+#   minimal        matmul outputs without batch dimensions (projections, not attention scores)
+#   save_dots      every matmul output
+#   save_qkv_proj  only the q, k and v projections
+# The `_offloaded` variants keep the same activations in pinned host memory instead of on
+# the device (backends with a `pinned_host` memory space: GPU and TPU).
 REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
     "none": None,
-    "minimal": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-    "save_dots": jax.checkpoint_policies.checkpoint_dots,
-    "full": jax.checkpoint_policies.nothing_saveable,
+    "minimal": _policies.dots_with_no_batch_dims_saveable,
+    "save_dots": _policies.checkpoint_dots,
+    "save_qkv_proj": _policies.save_only_these_names(*QKV_NAMES),
+    "full": _policies.nothing_saveable,
+    "minimal_offloaded": _policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "qkv_proj_offloaded": _policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=list(QKV_NAMES),
+        offload_src="device", offload_dst="pinned_host"),
 }
+OFFLOADING_POLICIES = ("minimal_offloaded", "qkv_proj_offloaded")
 
 
 def remat_policy(name: str) -> Callable[..., Any] | None:
     """The jax checkpoint policy called `name`; a clear error lists the valid names."""
     if name not in REMAT_POLICIES:
-        raise ValueError(f"Unknown remat_policy {name!r}; choose one of {sorted(REMAT_POLICIES)}.")
+        raise ValueError(f"Unknown remat_policy {name!r}; choose one of {list(REMAT_POLICIES)}.")
     return REMAT_POLICIES[name]
+
+
+def check_backend_supports(name: str, device: jax.Device | None = None) -> None:
+    """Fails clearly when an offloading policy is asked of a device without pinned host memory."""
+    if name not in OFFLOADING_POLICIES:
+        return
+    device = device or jax.devices()[0]
+    kinds = {memory.kind for memory in device.addressable_memories()}
+    if "pinned_host" not in kinds:
+        raise ValueError(
+            f"remat_policy {name!r} offloads activations to pinned host memory, which the "
+            f"{device.platform} backend does not have (memory kinds: {sorted(kinds)}); use "
+            f"{name.replace('_offloaded', '')!r} instead."
+        )
 
 
 def stack_layers(
@@ -31,11 +60,13 @@ def stack_layers(
     num_layers: int,
     scan: bool,
     remat: str,
+    num_broadcast: int,
     name: str = "layers",
 ) -> Callable[..., nn.Module]:
     """Returns a factory for `num_layers` copies of `block` applied in sequence.
 
-    `block(...)(x, *broadcast_args)` must return `(x, None)`. With `scan=True` the copies share
+    `block(...)(x, *broadcast_args)` must return `(x, None)`, with `num_broadcast` arguments
+    (masks, biases, encoder outputs) that every layer sees unchanged. With `scan=True` the copies share
     one traced body and their parameters gain a leading `layers` axis; with `scan=False` they
     are separate submodules `{name}_0 ... {name}_{n-1}`. Both compute the same function.
     """
@@ -52,7 +83,7 @@ def stack_layers(
                 layer_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast),
+                in_axes=(nn.broadcast,) * num_broadcast,
                 length=num_layers,
                 axis_name="layers",
             )

@@ -1,0 +1,250 @@
+"""Encoder-decoder transformer, T5 v1.1.
+
+Pre-norm RMSNorm blocks without biases, gated-GELU MLPs, relative position biases (bucketed,
+one table per stack shared by its layers), no 1/sqrt(d) at run time (folded into the query
+initialisation), a token embedding shared by encoder and decoder, and untied output logits
+unless `tie_embeddings`. Read top to bottom: config, the two blocks, the two stacks, the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from t5x_lite.models import layers, stack
+from t5x_lite.models.config_base import ModelConfigBase
+from t5x_lite.models.decoder_only import LOGITS_INIT
+
+Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config(ModelConfigBase):
+    """Sizes and switches of a T5 v1.1 encoder-decoder (bound in gin/models/t5_*.gin).
+
+    Attributes:
+      vocab_size: rows of the shared embedding table (SentencePiece pieces + sentinel ids).
+      emb_dim: width of the residual stream.
+      num_heads: attention heads.
+      head_dim: width of each head.
+      mlp_dim: hidden width of the MLP.
+      num_encoder_layers: encoder blocks.
+      num_decoder_layers: decoder blocks.
+      dropout_rate: dropout on embeddings, after attention and MLP, and on stack outputs.
+      dtype: compute dtype ('float32' or 'bfloat16'); parameters are always float32.
+      scan_layers: stack blocks with scan_with_axes (fast compile) or unroll them.
+      remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
+      mlp_activations: ('gelu', 'linear') is T5 v1.1's gated GELU; ('relu',) is original T5's.
+      tie_embeddings: logits from the shared embedding (scaled by 1/sqrt(emb_dim), as in T5 1.0)
+        instead of a separate output projection (T5 v1.1).
+      relative_attention_num_buckets: buckets of the relative position bias.
+      relative_attention_max_distance: distances beyond this share the last bucket.
+    """
+
+    vocab_size: int = 32128
+    emb_dim: int = 512
+    num_heads: int = 6
+    head_dim: int = 64
+    mlp_dim: int = 1024
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+    dropout_rate: float = 0.0
+    dtype: str = "float32"
+    scan_layers: bool = True
+    remat_policy: str = "none"
+    mlp_activations: tuple[str, ...] = ("gelu", "linear")
+    tie_embeddings: bool = False
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+
+    family = "encoder_decoder"
+
+    def __post_init__(self):
+        self._check_common()
+
+    def make_module(self) -> nn.Module:
+        return EncoderDecoder(self)
+
+    def num_embedding_params(self) -> int:
+        return self.vocab_size * self.emb_dim
+
+    def _sizes(self) -> dict[str, int]:
+        d, hd, h, m = self.emb_dim, self.head_dim, self.num_heads, self.mlp_dim
+        return {"attention": 4 * d * h * hd, "mlp": len(self.mlp_activations) * d * m + m * d,
+                "relpos": h * self.relative_attention_num_buckets}
+
+    def num_params(self) -> int:
+        """Parameter count from the sizes alone (checked against the real tree in tests)."""
+        s, d = self._sizes(), self.emb_dim
+        encoder = s["relpos"] + self.num_encoder_layers * (s["attention"] + s["mlp"] + 2 * d) + d
+        decoder = s["relpos"] + self.num_decoder_layers * (2 * s["attention"] + s["mlp"] + 3 * d) + d
+        logits = 0 if self.tie_embeddings else self.vocab_size * d
+        return self.num_embedding_params() + encoder + decoder + logits
+
+    def flops_per_token(self, seq_len: int, inputs_length: int | None = None) -> float:
+        """Training FLOPs per *target* token, the encoder's work on the inputs included.
+
+        6 FLOPs per matmul parameter per token it touches, plus 12 * heads * head_dim per
+        attended position (forward QK^T and AV, times three for the backward pass).
+        """
+        inputs_length = seq_len if inputs_length is None else inputs_length
+        d, hd, h = self.emb_dim, self.head_dim, self.num_heads
+        s = self._sizes()
+        attend = 12 * h * hd
+        cross_kv = 2 * d * h * hd  # cross-attention k and v projections run on encoder tokens
+        per_input = (6 * (self.num_encoder_layers * (s["attention"] + s["mlp"]) + self.num_decoder_layers * cross_kv)
+                     + self.num_encoder_layers * attend * inputs_length)
+        per_target = (6 * (self.num_decoder_layers * (2 * s["attention"] - cross_kv + s["mlp"]) + self.vocab_size * d)
+                      + self.num_decoder_layers * attend * (seq_len + inputs_length))
+        return per_target + per_input * inputs_length / seq_len
+
+
+def _attention(cfg: T5Config, name: str) -> layers.Attention:
+    return layers.Attention(cfg.num_heads, cfg.num_heads, cfg.head_dim, cfg.compute_dtype, use_rope=False,
+                            fold_scale_into_query=True, name=name)
+
+
+class EncoderBlock(nn.Module):
+    """x + SelfAttn(norm(x), relative bias); x + MLP(norm(x)). Returns (x, None) for scan."""
+
+    config: T5Config
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, bias: Array):
+        cfg, dtype = self.config, self.config.compute_dtype
+        dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)  # noqa: E731
+        x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
+        h = layers.RMSNorm(dtype=dtype, name="attn_norm")(x)
+        x = x + dropout(_attention(cfg, "attention")(h, h, mask, bias=bias))
+        h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(x)
+        x = x + dropout(layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h))
+        return layers.with_logical_constraint(x, ("batch", "length", "embed")), None
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention to the encoder, MLP; each pre-norm and residual."""
+
+    config: T5Config
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, y: Array, encoded: Array, self_mask: Array, cross_mask: Array, bias: Array):
+        cfg, dtype = self.config, self.config.compute_dtype
+        dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)  # noqa: E731
+        y = layers.with_logical_constraint(y, ("batch", "length", "embed"))
+        h = layers.RMSNorm(dtype=dtype, name="attn_norm")(y)
+        y = y + dropout(_attention(cfg, "attention")(h, h, self_mask, bias=bias))
+        h = layers.RMSNorm(dtype=dtype, name="cross_attn_norm")(y)
+        y = y + dropout(_attention(cfg, "cross_attention")(h, encoded, cross_mask))
+        h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(y)
+        y = y + dropout(layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h))
+        return layers.with_logical_constraint(y, ("batch", "length", "embed")), None
+
+
+def _relative_bias(cfg: T5Config, length: int, *, bidirectional: bool) -> Array:
+    return layers.RelativePositionBias(
+        cfg.num_heads, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance,
+        bidirectional=bidirectional, dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
+
+
+class Encoder(nn.Module):
+    """Input ids -> encoded [batch, length, embed]."""
+
+    config: T5Config
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, tokens: Array, segment_ids: Array, deterministic: bool) -> Array:
+        cfg = self.config
+        dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)  # noqa: E731
+        x = dropout(self.embed(tokens))
+        bias = _relative_bias(cfg, tokens.shape[-1], bidirectional=True)
+        mask = layers.make_bidirectional_mask(segment_ids, segment_ids)
+        blocks = stack.stack_layers(EncoderBlock, num_layers=cfg.num_encoder_layers, scan=cfg.scan_layers,
+                                    remat=cfg.remat_policy, num_broadcast=2)
+        x, _ = blocks(cfg, deterministic)(x, mask, bias)
+        return dropout(layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(x))
+
+
+class Decoder(nn.Module):
+    """Target ids (shifted right) + encoded inputs -> float32 logits [batch, length, vocab]."""
+
+    config: T5Config
+    embed: nn.Module
+
+    @nn.compact
+    def __call__(self, tokens: Array, encoded: Array, segment_ids: Array, encoder_segment_ids: Array,
+                 deterministic: bool) -> Array:
+        cfg = self.config
+        dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)  # noqa: E731
+        y = dropout(self.embed(tokens))
+        bias = _relative_bias(cfg, tokens.shape[-1], bidirectional=False)
+        self_mask = layers.make_attention_mask(segment_ids)
+        cross_mask = layers.make_bidirectional_mask(segment_ids, encoder_segment_ids)
+        blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_decoder_layers, scan=cfg.scan_layers,
+                                    remat=cfg.remat_policy, num_broadcast=4)
+        y, _ = blocks(cfg, deterministic)(y, encoded, self_mask, cross_mask, bias)
+        y = dropout(layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(y))
+        if cfg.tie_embeddings:
+            logits = self.embed.attend(y) / math.sqrt(cfg.emb_dim)
+        else:
+            logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), cfg.compute_dtype,
+                                  kernel_init=LOGITS_INIT, name="logits")(y)
+        return layers.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def _segments(tokens: Array, segment_ids: Array | None) -> Array:
+    """Segment ids with padding (token 0) as segment 0; all real tokens in segment 1 if unpacked."""
+    if segment_ids is not None:
+        return segment_ids
+    return (tokens > 0).astype(jnp.int32)
+
+
+class EncoderDecoder(nn.Module):
+    """T5: (inputs, shifted targets) -> logits. Arguments carry seqio's feature names.
+
+    Positions are not needed: relative position biases depend only on index differences,
+    which packing leaves unchanged inside a segment.
+    """
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.token_embed = layers.Embed(cfg.vocab_size, cfg.emb_dim, cfg.compute_dtype)
+        self.encoder = Encoder(cfg, self.token_embed)
+        self.decoder = Decoder(cfg, self.token_embed)
+
+    def encode(self, encoder_input_tokens: Array, encoder_segment_ids: Array | None = None,
+               deterministic: bool = True) -> Array:
+        segments = _segments(encoder_input_tokens, encoder_segment_ids)
+        return self.encoder(encoder_input_tokens, segments, deterministic)
+
+    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+               encoder_segment_ids: Array | None = None, decoder_segment_ids: Array | None = None,
+               deterministic: bool = True) -> Array:
+        encoder_segments = _segments(encoder_input_tokens, encoder_segment_ids)
+        # The decoder's inputs start with BOS = 0, so its padding cannot be read off the tokens;
+        # causality keeps trailing padding from affecting real positions.
+        segments = jnp.ones_like(decoder_input_tokens) if decoder_segment_ids is None else decoder_segment_ids
+        return self.decoder(decoder_input_tokens, encoded, segments, encoder_segments, deterministic)
+
+    def __call__(
+        self,
+        encoder_input_tokens: Array,
+        decoder_input_tokens: Array,
+        encoder_segment_ids: Array | None = None,
+        decoder_segment_ids: Array | None = None,
+        encoder_positions: Array | None = None,
+        decoder_positions: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        del encoder_positions, decoder_positions  # relative biases need no absolute positions
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, deterministic)
+        return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, encoder_segment_ids,
+                           decoder_segment_ids, deterministic)
