@@ -30,7 +30,7 @@ def load_params(model_dir: str, step: int | None = None):
     params = checkpoints.restore_params(step)
     checkpoints.close()
     if metadata["family"] != "decoder_only":
-        raise loops.RunConfigError(f"{model_dir} holds a {metadata['family']} model; `sample` generates "
+        raise loops.RunConfigError(f"{model_dir} holds a model of family {metadata['family']!r}; `sample` generates "
                                    "from decoder-only models.")
     return models.config_from_dict(metadata["family"], metadata["model"]), params, step
 

@@ -1,8 +1,11 @@
-"""Attention mask, rotary embedding and RMSNorm."""
+"""Attention masks, rotary embedding, norms, relative position buckets, MLP and attention."""
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from t5x_lite.models import layers
 
@@ -103,3 +106,152 @@ def test_rmsnorm_scale_multiplies_output():
     y1 = norm.apply(variables, x)
     y2 = norm.apply({"params": {"scale": scale}}, x)
     np.testing.assert_allclose(np.asarray(y2), np.asarray(y1) * np.asarray(scale), rtol=1e-5)
+
+
+def _reference_bucket(relative_position, bidirectional, num_buckets, max_distance):
+    """T5's (mesh-tensorflow) relative position bucket, one position at a time in plain Python."""
+    n = -relative_position  # > 0: the key is before the query
+    bucket = 0
+    if bidirectional:
+        num_buckets //= 2
+        if n < 0:
+            bucket += num_buckets
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return bucket + n
+    # A tiny epsilon puts exact bucket boundaries (n = max_exact * ratio**k) in the upper bucket,
+    # as exact arithmetic would.
+    scaled = math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    return bucket + min(max_exact + int(scaled + 1e-6), num_buckets - 1)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64)])
+def test_relative_position_bucket_matches_t5_reference(bidirectional, num_buckets, max_distance):
+    relative = np.arange(-300, 301)
+    got = np.asarray(layers.relative_position_bucket(jnp.asarray(relative), bidirectional=bidirectional,
+                                                     num_buckets=num_buckets, max_distance=max_distance))
+    expected = np.array([_reference_bucket(int(r), bidirectional, num_buckets, max_distance) for r in relative])
+    np.testing.assert_array_equal(got, expected)
+    assert got.min() >= 0 and got.max() == num_buckets - 1
+
+
+def test_relative_position_bucket_known_values():
+    def bucket(r, bidirectional):
+        return int(layers.relative_position_bucket(jnp.asarray([r]), bidirectional=bidirectional,
+                                                   num_buckets=32, max_distance=128)[0])
+
+    # Bidirectional: 16 buckets per direction, distances 0..7 exact, keys after the query in 16..31.
+    assert [bucket(r, True) for r in (0, -1, -7, 1, 7)] == [0, 1, 7, 17, 23]
+    assert bucket(-8, True) == 8 and bucket(8, True) == 24
+    assert bucket(-128, True) == bucket(-300, True) == 15
+    assert bucket(128, True) == bucket(300, True) == 31
+    # Unidirectional: every future key is bucket 0; distances 0..15 exact; far past is bucket 31.
+    assert [bucket(r, False) for r in (1, 5, 300)] == [0, 0, 0]
+    assert [bucket(r, False) for r in (0, -1, -15, -16)] == [0, 1, 15, 16]
+    assert bucket(-128, False) == bucket(-300, False) == 31
+    # Buckets never decrease with distance into the past.
+    past = [bucket(-d, False) for d in range(0, 200, 3)]
+    assert past == sorted(past)
+
+
+def test_layernorm_normalises_each_row_at_init():
+    x = 5.0 * _rand(6, (3, 7, 32)) + 2.0
+    norm = layers.LayerNorm()
+    variables = norm.init(jax.random.PRNGKey(0), x)
+    np.testing.assert_array_equal(np.asarray(variables["params"]["scale"]), 1.0)
+    np.testing.assert_array_equal(np.asarray(variables["params"]["bias"]), 0.0)
+    y = np.asarray(norm.apply(variables, x))
+    np.testing.assert_allclose(y.mean(-1), 0.0, atol=1e-5)
+    np.testing.assert_allclose(y.var(-1), 1.0, rtol=1e-3)
+    # Against numpy, and the bias shifts every row.
+    xn = np.asarray(x, np.float64)
+    ref = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(y, ref, atol=1e-4)
+    bias = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
+    shifted = np.asarray(norm.apply({"params": {"scale": jnp.ones(32), "bias": jnp.asarray(bias)}}, x))
+    np.testing.assert_allclose(shifted, y + bias, atol=1e-5)
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.parametrize("activations", [("gelu",), ("gelu", "linear")])
+@pytest.mark.parametrize("use_bias", [False, True])
+def test_mlp_parameter_names_and_function(activations, use_bias):
+    x = _rand(7, (2, 3, 8))
+    mlp = layers.MLP(16, activations, use_bias=use_bias)
+    params = mlp.init(jax.random.PRNGKey(1), x)["params"]
+    names = {"wi", "wo"} if len(activations) == 1 else {"wi_0", "wi_1", "wo"}
+    assert set(params) == names
+    for name in names:
+        expected = {"kernel", "bias"} if use_bias else {"kernel"}
+        assert set(params[name]) == expected
+        assert params[name]["kernel"].shape == ((16, 8) if name == "wo" else (8, 16))
+        if use_bias:
+            assert params[name]["bias"].shape == ((8,) if name == "wo" else (16,))
+    if use_bias:  # non-zero biases so that they are exercised
+        params = jax.tree.map(lambda p: p + 0.1, params)
+
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    xn = np.asarray(x, np.float64)
+
+    def dense(name, h):
+        return h @ p[name]["kernel"] + (p[name]["bias"] if use_bias else 0.0)
+
+    if len(activations) == 1:
+        hidden = _gelu_tanh(dense("wi", xn))
+    else:
+        hidden = _gelu_tanh(dense("wi_0", xn)) * dense("wi_1", xn)
+    expected = dense("wo", hidden)
+    np.testing.assert_allclose(np.asarray(mlp.apply({"params": params}, x)), expected, rtol=1e-4, atol=1e-5)
+
+
+def _numpy_attention(params, xq, xkv, mask, bias, scale):
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    q = np.einsum("bld,dhk->blhk", xq, p["query"]["kernel"])
+    k = np.einsum("bld,dhk->blhk", xkv, p["key"]["kernel"])
+    v = np.einsum("bld,dhk->blhk", xkv, p["value"]["kernel"])
+    logits = scale * np.einsum("bqhk,bshk->bhqs", q, k) + bias
+    logits = np.where(mask, logits, -1e30)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("bhqs,bshk->bqhk", probs, v)
+    return np.einsum("bqhk,hkd->bqd", out, p["out"]["kernel"])
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_attention_matches_numpy_with_and_without_folded_scale(fold):
+    heads, head_dim, emb = 2, 16, 8
+    xq = _rand(8, (2, 5, emb))
+    xkv = _rand(9, (2, 6, emb))
+    rng = np.random.default_rng(0)
+    mask = rng.random((2, 1, 5, 6)) < 0.7
+    mask[..., 0] = True  # every query sees at least one key
+    bias = rng.normal(size=(1, heads, 5, 6)).astype(np.float32)
+    attention = layers.Attention(heads, heads, head_dim, use_rope=False, fold_scale_into_query=fold)
+    params = attention.init(jax.random.PRNGKey(2), xq, xkv, jnp.asarray(mask), bias=jnp.asarray(bias))["params"]
+    # Large query weights so that the 1/sqrt(head_dim) factor clearly matters.
+    params = {**params, "query": {"kernel": params["query"]["kernel"] * (4.0 if fold else 1.0)}}
+    got = np.asarray(attention.apply({"params": params}, xq, xkv, jnp.asarray(mask), bias=jnp.asarray(bias)))
+    xq64, xkv64 = np.asarray(xq, np.float64), np.asarray(xkv, np.float64)
+    unscaled = _numpy_attention(params, xq64, xkv64, mask, bias, 1.0)
+    scaled = _numpy_attention(params, xq64, xkv64, mask, bias, 1.0 / math.sqrt(head_dim))
+    expected, other = (unscaled, scaled) if fold else (scaled, unscaled)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    assert not np.allclose(got, other, atol=1e-3)
+
+
+def test_folded_scale_shrinks_query_init_by_head_dim():
+    emb, heads, head_dim = 256, 4, 16
+    x = jnp.zeros((1, 2, emb))
+    mask = jnp.ones((1, 1, 2, 2), bool)
+    for fold, query_var in ((True, 1.0 / (emb * head_dim)), (False, 1.0 / emb)):
+        params = layers.Attention(heads, heads, head_dim, use_rope=False, fold_scale_into_query=fold).init(
+            jax.random.PRNGKey(3), x, x, mask)["params"]
+        np.testing.assert_allclose(np.var(np.asarray(params["query"]["kernel"])), query_var, rtol=0.1)
+        np.testing.assert_allclose(np.var(np.asarray(params["key"]["kernel"])), 1.0 / emb, rtol=0.1)

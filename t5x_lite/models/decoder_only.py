@@ -47,6 +47,8 @@ class DecoderConfig(ModelConfigBase):
       mlp_activations: ('silu', 'linear') is SwiGLU; ('gelu',) is GPT-2's MLP.
       use_bias: biases in every projection (GPT-2).
       tie_embeddings: compute logits with the input embedding table (GPT-2).
+      attention_implementation: 'auto' (cuDNN flash attention on GPUs in bfloat16/float16,
+        XLA otherwise), 'xla' or 'cudnn'.
     """
 
     vocab_size: int = 4096
@@ -67,6 +69,7 @@ class DecoderConfig(ModelConfigBase):
     mlp_activations: tuple[str, ...] = ("silu", "linear")
     use_bias: bool = False
     tie_embeddings: bool = False
+    attention_implementation: str = "auto"
 
     family = "decoder_only"
 
@@ -78,6 +81,7 @@ class DecoderConfig(ModelConfigBase):
             )
         check_choice("position_embedding", self.position_embedding, POSITION_KINDS)
         check_choice("norm", self.norm, tuple(layers.NORMS))
+        check_choice("attention_implementation", self.attention_implementation, layers.ATTENTION_IMPLEMENTATIONS)
 
     def make_module(self) -> nn.Module:
         return Decoder(self)
@@ -119,16 +123,17 @@ class DecoderBlock(nn.Module):
     deterministic: bool
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array, positions: Array):
+    def __call__(self, x: Array, mask: Array | None, positions: Array):
         cfg = self.config
         dtype = cfg.compute_dtype
         norm = layers.NORMS[cfg.norm]
+        implementation = layers.attention_implementation(cfg.attention_implementation, dtype, cfg.head_dim)
         x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
         h = norm(dtype=dtype, name="attn_norm")(x)
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,
                              use_rope=cfg.position_embedding == "rope",
                              rope_max_wavelength=cfg.rope_max_wavelength, use_bias=cfg.use_bias,
-                             name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
+                             is_causal=True, implementation=implementation, name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         h = norm(dtype=dtype, name="mlp_norm")(x)
         h = layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, use_bias=cfg.use_bias, name="mlp")(h)
@@ -156,11 +161,13 @@ class Decoder(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         tokens = decoder_input_tokens
-        segment_ids = jnp.ones_like(tokens) if decoder_segment_ids is None else decoder_segment_ids
         positions = decoder_positions
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
-        mask = layers.make_attention_mask(segment_ids)
+        # Causality comes from the attention's is_causal; the mask only keeps packed examples apart.
+        mask = None
+        if decoder_segment_ids is not None:
+            mask = layers.make_bidirectional_mask(decoder_segment_ids, decoder_segment_ids)
 
         gpt2_init = cfg.tie_embeddings or cfg.position_embedding == "learned"
         embed = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV if gpt2_init else 1.0,

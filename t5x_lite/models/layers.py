@@ -196,17 +196,36 @@ class Dense(nn.Module):
         return y
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+
+
+def attention_implementation(choice: str, dtype: DType, head_dim: int) -> str:
+    """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute, else XLA.
+
+    `jax.nn.dot_product_attention` itself defaults to XLA everywhere, so the choice is made here.
+    cuDNN's kernel needs a 16-bit dtype and a head_dim that is a multiple of 8, at most 128.
+    """
+    if choice != "auto":
+        return choice
+    fused_ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+                and head_dim % 8 == 0 and head_dim <= 128)
+    return "cudnn" if fused_ok else "xla"
+
+
 class Attention(nn.Module):
     """Multi-head attention (self or cross) with grouped-query heads, optional RoPE and bias.
 
-    Runs through `jax.nn.dot_product_attention`, which picks a fused kernel where the
-    backend has one (cuDNN flash attention on GPUs) and plain XLA elsewhere. The q, k and v
-    projections are tagged with `checkpoint_name` so remat policies can save them by name.
+    Runs through `jax.nn.dot_product_attention` with `implementation` ('xla' or 'cudnn', see
+    `attention_implementation`). The q, k and v projections are tagged with `checkpoint_name`
+    so remat policies can save them by name.
 
     Attributes:
       use_rope: rotate q and k by their positions (LLaMA); off for learned or relative positions.
       fold_scale_into_query: T5's convention: no 1/sqrt(head_dim) at run time; the query
         kernel's initialisation is scaled down by that factor instead.
+      is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
+        to keep packed segments apart).
+      implementation: passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
     """
 
     num_heads: int
@@ -217,9 +236,11 @@ class Attention(nn.Module):
     rope_max_wavelength: float = 10_000.0
     use_bias: bool = False
     fold_scale_into_query: bool = False
+    is_causal: bool = False
+    implementation: str | None = None
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array, *, q_positions: Array | None = None,
+    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *, q_positions: Array | None = None,
                  kv_positions: Array | None = None, bias: Array | None = None) -> Array:
         query_init = default_kernel_init
         if self.fold_scale_into_query:
@@ -236,7 +257,8 @@ class Attention(nn.Module):
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")
         scale = 1.0 if self.fold_scale_into_query else None
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=self.is_causal,
+                                           implementation=self.implementation)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)

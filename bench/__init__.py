@@ -1,0 +1,12 @@
+"""Benchmarks of t5x_lite: `python -m bench NAME [--quick] [options]` from the repository root.
+
+  matmul_peak    measured peak FLOP/s (jitted fp32/bf16 matmuls), the MFU denominator
+  compile_time   train-step compile time, scan_layers True vs False, by layer count
+  remat_memory   compiled train-step memory (memory_analysis) for every remat policy
+  throughput     train tokens/s and MFU of the LLaMA, GPT-2 and T5 families, fp32 and bf16
+  gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)
+  all            the four CPU benchmarks in sequence
+
+Each prints a header line (date, CPU, cores, accelerator, versions, the exact command), a
+markdown table, and the settings it ran with. `--quick` uses tiny sizes, to check the scripts.
+"""

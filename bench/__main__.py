@@ -1,0 +1,56 @@
+"""Command line: `python -m bench NAME [--quick] [options]`; `python -m bench NAME --help` lists options."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench import common, compile_time, gpu_decoders, matmul_peak, remat_memory, throughput
+
+BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
+              "throughput": throughput, "gpu_decoders": gpu_decoders}
+CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m bench", description=__import__("bench").__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="name", required=True, metavar="NAME")
+    for name, module in [*BENCHMARKS.items(), ("all", None)]:
+        doc = module.__doc__ if module else f"run {', '.join(CPU_BENCHMARKS)} in sequence"
+        p = sub.add_parser(name, help=doc.split("\n")[0], description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--quick", action="store_true", help="tiny sizes and few steps: checks the script only")
+        if module:
+            module.add_arguments(p)
+    return top
+
+
+def run_all(args) -> None:
+    """Each CPU benchmark with its defaults (or --quick); throughput reuses the measured peak."""
+    quick = ["--quick"] if args.quick else []
+    peaks = {}
+    for name in CPU_BENCHMARKS:
+        extra = []
+        if name == "throughput":
+            extra = [f"--peak_flops={peaks['float32']:.6g}", f"--peak_flops_bf16={peaks['bfloat16']:.6g}"]
+        argv = [name, *quick, *extra]
+        sub_args = parser().parse_args(argv)
+        command = f"{common.python_command(argv)}  (part of: {common.python_command(sys.argv[1:])})"
+        result = BENCHMARKS[name].run(sub_args, command)
+        if name == "matmul_peak":
+            peaks = result
+        print("\n", flush=True)
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser().parse_args(argv)
+    if args.name == "all":
+        run_all(args)
+    else:
+        BENCHMARKS[args.name].run(args, common.python_command(argv))
+
+
+if __name__ == "__main__":
+    main()

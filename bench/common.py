@@ -1,0 +1,266 @@
+"""What every benchmark shares: the header line, settings, timing, tables, and t5x_lite set-up.
+
+Benchmarks build models from the library's own configs and train through its own `Trainer`
+(`Trainer._train_step_fn` under the same jit arguments `Trainer.train_step` uses), so the
+figures measure t5x_lite, not a hand-written model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+# No persistent compilation cache: compile times must be real compiles on every run.
+jax.config.update("jax_enable_compilation_cache", False)
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+# ---------------------------------------------------------------------------- header
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":")[0].strip() in ("model name", "Model", "cpu model"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cores() -> str:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{usable} usable of {os.cpu_count()}"
+
+
+def accelerator() -> str:
+    devices = jax.devices()
+    return f"{len(devices)} x {devices[0].device_kind} ({devices[0].platform})"
+
+
+def git_revision() -> str:
+    try:
+        run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+        dirty = "+uncommitted changes" if run("status", "--porcelain", "--untracked-files=no") else ""
+        return run("rev-parse", "--short", "HEAD") + dirty
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def python_command(argv: Sequence[str]) -> str:
+    """The command line that reproduces this run (from the repository root)."""
+    exe = sys.executable
+    rel = os.path.relpath(exe)
+    exe = rel if not rel.startswith("..") else exe
+    return shlex.join([exe, "-m", "bench", *argv])
+
+
+def header(command: str) -> str:
+    """One line: date, CPU, cores, accelerator, versions, revision, environment, command."""
+    import flax
+
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
+                   if k.startswith(("XLA_", "JAX_", "TF_CPP", "CUDA_VISIBLE")))
+    parts = [
+        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        f"CPU: {cpu_model()}",
+        f"cores: {cores()}",
+        f"accelerator: {accelerator()}",
+        f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, flax {flax.__version__}",
+        f"python {platform.python_version()}",
+        f"t5x_lite {git_revision()}",
+        f"env: {env or '(no XLA_/JAX_ variables)'}",
+        f"command: `{command}`",
+    ]
+    return "**" + " | ".join(parts) + "**"
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+def resolve(args: Any, defaults: Mapping[str, Any], quick: Mapping[str, Any]) -> dict[str, Any]:
+    """Each setting from the command line, else the --quick value, else the default."""
+    out = {}
+    for key, value in defaults.items():
+        given = getattr(args, key, None)
+        out[key] = given if given is not None else (quick[key] if args.quick and key in quick else value)
+    return out
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def strs(text: str) -> list[str]:
+    return [x for x in text.split(",") if x]
+
+
+def settings_line(settings: Mapping[str, Any]) -> str:
+    return "settings: " + ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A markdown table; numbers right-aligned."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    numeric = [bool(cells) and all(_is_number(r[i]) for r in cells) for i in range(len(headers))]
+    fmt = lambda row: "| " + " | ".join(c.rjust(w) if n else c.ljust(w)  # noqa: E731
+                                        for c, w, n in zip(row, widths, numeric)) + " |"
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if n else ("-" * (w + 2)) for w, n in zip(widths, numeric)) + "|"
+    return "\n".join([fmt(headers), rule, *(fmt(r) for r in cells)])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.replace(",", "").rstrip("x%"))
+        return True
+    except ValueError:
+        return text in ("-", "")
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (stdout holds only the report)."""
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def error_name(e: BaseException) -> str:
+    return type(e).__name__
+
+
+def short_error(e: BaseException, limit: int = 160) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def is_oom(e: BaseException) -> bool:
+    text = str(e)
+    return any(s in text for s in ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "OOM"))
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def best_of(fn: Callable[[], Any], *, repeats: int, warmup: int = 1) -> float:
+    """Smallest wall time of `fn()` (which must block on its own results) after warm-up calls."""
+    for _ in range(warmup):
+        fn()
+    return min(timed(fn)[1] for _ in range(repeats))
+
+
+# ---------------------------------------------------------------------------- t5x_lite
+
+
+def make_trainer(model_config: Any, *, total_steps: int = 10_000):
+    """A `Trainer` as `loops.train` builds one: default data-parallel mesh and rules, AdamW."""
+    from t5x_lite import partitioning
+    from t5x_lite import trainer as trainer_lib
+    from t5x_lite.optim import OptimizerConfig
+
+    optimizer = OptimizerConfig()
+    mesh = partitioning.make_mesh()
+    return trainer_lib.Trainer(model=model_config.make_module(), optimizer=optimizer.build(total_steps),
+                               learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh,
+                               rules=partitioning.DEFAULT_RULES)
+
+
+def make_batch(model_config: Any, *, batch: int, length: int, inputs_length: int | None = None,
+               seed: int = 0) -> dict[str, np.ndarray]:
+    """Random tokens in seqio's feature names (no padding: every target token counts)."""
+    rng = np.random.default_rng(seed)
+    tokens = lambda n: rng.integers(1, model_config.vocab_size, size=(batch, n)).astype(np.int32)  # noqa: E731
+    out = {"decoder_input_tokens": tokens(length), "decoder_target_tokens": tokens(length),
+           "decoder_loss_weights": np.ones((batch, length), np.float32)}
+    if model_config.family == "encoder_decoder":
+        out["encoder_input_tokens"] = tokens(inputs_length or length)
+    return out
+
+
+def global_batch(trainer, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
+    from t5x_lite import partitioning
+
+    return partitioning.host_batch_to_global(batch, trainer.batch_sharding)
+
+
+def train_step_jit(trainer):
+    """The jitted train step, with exactly the arguments `Trainer.train_step` gives `jax.jit`.
+
+    Built here so the step can be lowered and compiled (and its memory analysed) without running
+    it; it is stored on the trainer, so a later `trainer.train_step` call uses this same object.
+    """
+    if trainer._train_step is None:  # noqa: SLF001
+        trainer._train_step = jax.jit(  # noqa: SLF001
+            trainer._train_step_fn,  # noqa: SLF001
+            in_shardings=(trainer.state_shardings, trainer.batch_sharding, trainer._replicated),  # noqa: SLF001
+            out_shardings=(trainer.state_shardings, trainer._replicated),  # noqa: SLF001
+            donate_argnums=(0,),
+        )
+    return trainer._train_step  # noqa: SLF001
+
+
+@dataclasses.dataclass
+class CompiledStep:
+    compiled: Any
+    lower_seconds: float
+    compile_seconds: float
+
+
+def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep:
+    """jax.jit(train step).lower(abstract state, batch, rng).compile(), each part timed.
+
+    Nothing is allocated: the state is abstract (shapes and shardings only).
+    """
+    abstract_state = trainer.abstract_state(batch)
+    abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=trainer.batch_sharding)
+                      for k, v in batch.items()}
+    jitted = train_step_jit(trainer)
+    with trainer._context():  # noqa: SLF001 - the mesh and logical rules train_step runs under
+        lowered, lower_s = timed(lambda: jitted.lower(abstract_state, abstract_batch, jax.random.PRNGKey(0)))
+        compiled, compile_s = timed(lowered.compile)
+    return CompiledStep(compiled, lower_s, compile_s)
+
+
+def flops_per_token(model_config: Any, length: int, inputs_length: int | None = None) -> float:
+    """The library's training FLOPs per (target) token, as `loops.train` computes it for MFU."""
+    if model_config.family == "encoder_decoder":
+        return model_config.flops_per_token(length, inputs_length=inputs_length or length)
+    return model_config.flops_per_token(length)
+
+
+def mfu(flops_token: float, tokens_per_second: float, peak: float) -> float:
+    from t5x_lite import metrics
+
+    return metrics.model_flops_utilization(flops_per_token=flops_token, tokens_per_second=tokens_per_second,
+                                           peak_flops_per_device=peak, num_devices=jax.device_count())
+
+
+def memory_row(stats: Any) -> dict[str, int]:
+    """Bytes of a `CompiledMemoryStats` (XLA's buffer assignment), with `total` the usual estimate of
+    the step's peak: arguments + outputs - aliased (donated) + temp. XLA's own `peak_memory_in_bytes`
+    is kept as `xla_peak`; on CPU it leaves out temp (0 where the backend does not report it).
+    """
+    arg, out, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                             stats.alias_size_in_bytes, stats.temp_size_in_bytes)
+    return {"arguments": arg, "outputs": out, "aliased": alias, "temp": temp, "total": arg + out - alias + temp,
+            "xla_peak": getattr(stats, "peak_memory_in_bytes", 0), "host_temp": stats.host_temp_size_in_bytes}

@@ -1,0 +1,187 @@
+"""gpu_decoders: bf16 training throughput and MFU of the decoder_*.gin models on a GPU.
+
+Each model is read from its gin file (gin/models/NAME.gin, the MODEL macro) and trained in
+bfloat16 (float32 parameters, AdamW) at --seq_len x --batch_size. Remat policies are tried in
+the order of --policies; the first that fits is used: a policy is skipped when its predicted
+peak (arguments + outputs - aliased + temp, from compiled.memory_analysis()) exceeds the
+device's memory limit, or when compiling or running it raises an out-of-memory error. The step is the jitted Trainer train
+step, compiled ahead of time (jax.jit(...).lower(...).compile()) and called directly.
+Attention is `jax.nn.dot_product_attention` as the model calls it; the `attention kernel`
+column says whether the compiled step contains cuDNN fused attention. --attention cudnn asks
+for cuDNN explicitly (implementation='cudnn'), to compare.
+
+Refuses to run on CPU unless --allow_cpu, which shrinks every model to a tiny stand-in with
+the same code path, to validate this script.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import gc
+import statistics
+import time
+
+import jax
+
+from bench import common
+
+DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
+            "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
+            "warmup_steps": 2, "steps": 10, "windows": 3, "peak_flops": 989e12, "attention": "default",
+            "memory_limit_gib": None, "allow_cpu": False}
+# --allow_cpu: every model shrinks to these sizes (its other switches are kept).
+TINY = {"emb_dim": 64, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32, "mlp_dim": 128, "num_layers": 2,
+        "vocab_size": 512}
+TINY_RUN = {"seq_len": 64, "batch_size": 2, "warmup_steps": 1, "steps": 2, "windows": 1}
+CUDNN_FMHA = "__cudnn$fmha"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--models", help=f"comma-separated gin/models/*.gin names (default {DEFAULTS['models']})")
+    parser.add_argument("--policies", help=f"remat policies to try, in order (default {DEFAULTS['policies']})")
+    for key in ("seq_len", "batch_size", "vocab_size", "warmup_steps", "steps", "windows"):
+        parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
+    parser.add_argument("--peak_flops", type=float,
+                        help="peak FLOP/s per device for MFU (default 989e12: H100 SXM bf16 dense; H200 the same)")
+    parser.add_argument("--attention", choices=("default", "xla", "cudnn"),
+                        help="default: as the model calls it; xla/cudnn: force jax.nn.dot_product_attention's "
+                             "implementation")
+    parser.add_argument("--memory_limit_gib", type=float,
+                        help="skip policies whose predicted peak exceeds this (default: the device's limit)")
+    parser.add_argument("--allow_cpu", action="store_true", default=None,
+                        help="run on CPU with tiny stand-in models (validation only)")
+
+
+@contextlib.contextmanager
+def attention_implementation(name: str):
+    """Makes the model's jax.nn.dot_product_attention calls use `implementation=name`."""
+    if name == "default":
+        yield
+        return
+    original = jax.nn.dot_product_attention
+    jax.nn.dot_product_attention = functools.partial(original, implementation=name)
+    try:
+        yield
+    finally:
+        jax.nn.dot_product_attention = original
+
+
+def gin_model(name: str):
+    import gin
+
+    from t5x_lite import config
+
+    config.parse(gin_files=[f"models/{name}.gin"])
+    return gin.query_parameter("%MODEL").scoped_configurable_fn()
+
+
+def model_config(name: str, policy: str, s: dict):
+    cfg = gin_model(name)
+    sizes = dict(TINY) if s["allow_cpu"] else {}
+    if s["vocab_size"]:
+        sizes["vocab_size"] = s["vocab_size"]
+    return dataclasses.replace(cfg, **sizes, dtype="bfloat16", remat_policy=policy,
+                               max_len=max(cfg.max_len, s["seq_len"]))
+
+
+def memory_limit_bytes(s: dict) -> float | None:
+    if s["memory_limit_gib"]:
+        return s["memory_limit_gib"] * common.GIB
+    stats = jax.devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
+    """Compiles and times one (model, policy); raises on failure, returns {'skipped': ...} if too big."""
+    cfg = model_config(name, policy, s)
+    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"])
+    trainer = common.make_trainer(cfg)
+    with attention_implementation(s["attention"]):
+        step = common.compile_train_step(trainer, batch)
+    mem = common.memory_row(step.compiled.memory_analysis())
+    predicted = max(mem["total"], mem["xla_peak"])
+    if limit and predicted > limit:
+        return {"skipped": f"predicted {predicted / common.GIB:.1f} GiB > limit {limit / common.GIB:.1f} GiB"}
+    kernel = "cuDNN fused" if CUDNN_FMHA in step.compiled.as_text() else "XLA (unfused)"
+    state = trainer.init_state(jax.random.PRNGKey(0), batch)
+    batch = common.global_batch(trainer, batch)
+    rng = jax.device_put(jax.random.PRNGKey(1), trainer._replicated)  # noqa: SLF001
+    for _ in range(s["warmup_steps"]):
+        state, metrics = step.compiled(state, batch, rng)
+        jax.block_until_ready((state, metrics))
+    seconds = []
+    for _ in range(s["windows"]):
+        start = time.perf_counter()
+        for _ in range(s["steps"]):
+            state, metrics = step.compiled(state, batch, rng)
+        jax.block_until_ready((state, metrics))
+        seconds.append((time.perf_counter() - start) / s["steps"])
+    return {"cfg": cfg, "compile_s": step.lower_seconds + step.compile_seconds, "step_s": statistics.median(seconds),
+            "predicted_gib": predicted / common.GIB, "kernel": kernel,
+            "loss": float(metrics["loss_sum"] / metrics["weight_sum"])}
+
+
+def first_fitting(name: str, s: dict, limit: float | None) -> tuple[dict | None, list[str]]:
+    """The result of the first policy that fits, and what happened to each one tried."""
+    tried = []
+    for policy in common.strs(s["policies"]):
+        common.progress(f"gpu_decoders: {name} remat={policy}")
+        try:
+            result = attempt(name, policy, s, limit)
+        except Exception as e:  # noqa: BLE001 - OOM moves on; anything else ends this model's row
+            if not common.is_oom(e):
+                tried.append(f"{policy}: {common.short_error(e)}")
+                return None, tried
+            tried.append(f"{policy}: OOM ({common.error_name(e)})")
+            result = None
+        finally:
+            gc.collect()
+        if result and "skipped" in result:
+            tried.append(f"{policy}: {result['skipped']}")
+        elif result:
+            tried.append(f"{policy}: ok")
+            return {**result, "policy": policy}, tried
+    return None, tried
+
+
+def run(args, command: str) -> None:
+    s = common.resolve(args, DEFAULTS, {})
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        if not s["allow_cpu"]:
+            raise SystemExit(f"gpu_decoders measures GPU training, but JAX sees only {common.accelerator()}. "
+                             "Run it on a GPU machine, or add --allow_cpu to validate the script with tiny "
+                             "stand-in models.")
+        s.update({k: getattr(args, k) if getattr(args, k) is not None else v for k, v in TINY_RUN.items()})
+    limit = memory_limit_bytes(s)
+    rows, notes = [], []
+    for name in common.strs(s["models"]):
+        r, tried = first_fitting(name, s, limit)
+        notes.append(f"- {name}: " + "; ".join(tried))
+        if r is None:
+            rows.append([name, *["-"] * 3, s["batch_size"], s["seq_len"], *["-"] * 8])
+            continue
+        tokens = s["batch_size"] * s["seq_len"]
+        rate = tokens / r["step_s"]
+        flops = common.flops_per_token(r["cfg"], s["seq_len"])
+        rows.append([name, f"{r['cfg'].num_params() / 1e6:,.1f}M", r["policy"], f"{len(tried)}", s["batch_size"],
+                     s["seq_len"], f"{r['compile_s']:.1f}", f"{r['step_s'] * 1e3:,.1f}", f"{rate:,.0f}",
+                     f"{100 * common.mfu(flops, rate, s['peak_flops']):.1f}%", f"{flops / 1e9:.3f}",
+                     f"{r['predicted_gib']:.2f}", r["kernel"], f"{r['loss']:.3f}"])
+    print(common.header(command))
+    print()
+    if s["allow_cpu"] and device.platform == "cpu":
+        print(f"**CPU validation run: every model is shrunk to {TINY}; the figures say nothing about the "
+              "real models.**\n")
+    print(common.table(["model", "params", "remat used", "policies tried", "batch", "seq", "lower+compile s",
+                        "step ms (median)", "tokens/s", "MFU", "GFLOP/token", "predicted GiB", "attention kernel",
+                        "loss"], rows))
+    print()
+    limit_text = f"{limit / common.GIB:.1f} GiB" if limit else "unknown"
+    print(f"bfloat16 compute, float32 params, AdamW, scan_layers from the gin file; MFU = flops_per_token x "
+          f"tokens/s / ({s['peak_flops']:.3g} x {jax.device_count()} devices); device memory limit {limit_text}. "
+          f"Per model, policies tried:")
+    print("\n".join(notes))
+    print(common.settings_line(s))
