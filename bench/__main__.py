@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def run_all(args) -> None:
+def run_all(args, all_argv) -> None:
     """Each CPU benchmark with its defaults (or --quick); throughput reuses the measured peak."""
     quick = ["--quick"] if args.quick else []
     peaks = {}
@@ -36,7 +36,8 @@ def run_all(args) -> None:
             extra = [f"--peak_flops={peaks['float32']:.6g}", f"--peak_flops_bf16={peaks['bfloat16']:.6g}"]
         argv = [name, *quick, *extra]
         sub_args = parser().parse_args(argv)
-        command = f"{common.python_command(argv)}  (part of: {common.python_command(sys.argv[1:])})"
+        sub_args.peak_source = "measured by the matmul_peak run above"
+        command = f"{common.python_command(argv)}  (part of: {common.python_command(all_argv)})"
         result = BENCHMARKS[name].run(sub_args, command)
         if name == "matmul_peak":
             peaks = result
@@ -47,7 +48,7 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     if args.name == "all":
-        run_all(args)
+        run_all(args, argv)
     else:
         BENCHMARKS[args.name].run(args, common.python_command(argv))
 

@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 import time
+from importlib import metadata
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -53,7 +54,9 @@ def accelerator() -> str:
 
 def git_revision() -> str:
     try:
-        run = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+        def run(*args):
+            return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
+
         dirty = "+uncommitted changes" if run("status", "--porcelain", "--untracked-files=no") else ""
         return run("rev-parse", "--short", "HEAD") + dirty
     except (OSError, subprocess.CalledProcessError):
@@ -79,7 +82,7 @@ def header(command: str) -> str:
         f"CPU: {cpu_model()}",
         f"cores: {cores()}",
         f"accelerator: {accelerator()}",
-        f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, flax {flax.__version__}",
+        f"jax {jax.__version__}, jaxlib {metadata.version('jaxlib')}, flax {flax.__version__}",
         f"python {platform.python_version()}",
         f"t5x_lite {git_revision()}",
         f"env: {env or '(no XLA_/JAX_ variables)'}",
@@ -134,6 +137,10 @@ def _is_number(text: str) -> bool:
         return text in ("-", "")
 
 
+def fmt_bytes(n: float) -> str:
+    return f"{n / GIB:,.2f} GiB" if n >= GIB else f"{n / MIB:,.1f} MiB"
+
+
 def progress(message: str) -> None:
     """A progress line on stderr (stdout holds only the report)."""
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -162,13 +169,6 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def best_of(fn: Callable[[], Any], *, repeats: int, warmup: int = 1) -> float:
-    """Smallest wall time of `fn()` (which must block on its own results) after warm-up calls."""
-    for _ in range(warmup):
-        fn()
-    return min(timed(fn)[1] for _ in range(repeats))
-
-
 # ---------------------------------------------------------------------------- t5x_lite
 
 
@@ -186,14 +186,27 @@ def make_trainer(model_config: Any, *, total_steps: int = 10_000):
 
 
 def make_batch(model_config: Any, *, batch: int, length: int, inputs_length: int | None = None,
-               seed: int = 0) -> dict[str, np.ndarray]:
-    """Random tokens in seqio's feature names (no padding: every target token counts)."""
+               packed_segments: int = 0, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random tokens in seqio's feature names; no padding, so every target token counts.
+
+    packed_segments > 0 adds the features packing produces (as gin/runs/pretrain.gin trains,
+    DataConfig.pack = True): each row holds that many equal segments, with `*_segment_ids`
+    and `*_positions` restarting in each.
+    """
     rng = np.random.default_rng(seed)
     tokens = lambda n: rng.integers(1, model_config.vocab_size, size=(batch, n)).astype(np.int32)  # noqa: E731
     out = {"decoder_input_tokens": tokens(length), "decoder_target_tokens": tokens(length),
            "decoder_loss_weights": np.ones((batch, length), np.float32)}
+    prefixes = {"decoder": length}
     if model_config.family == "encoder_decoder":
         out["encoder_input_tokens"] = tokens(inputs_length or length)
+        prefixes["encoder"] = inputs_length or length
+    if packed_segments:
+        for prefix, n in prefixes.items():
+            segment = np.arange(n) * packed_segments // n  # equal segments 0 .. packed_segments-1
+            start = np.searchsorted(segment, segment)  # first index of each position's segment
+            out[f"{prefix}_segment_ids"] = np.broadcast_to(segment + 1, (batch, n)).astype(np.int32)
+            out[f"{prefix}_positions"] = np.broadcast_to(np.arange(n) - start, (batch, n)).astype(np.int32)
     return out
 
 
@@ -221,6 +234,7 @@ def train_step_jit(trainer):
 
 @dataclasses.dataclass
 class CompiledStep:
+    lowered: Any
     compiled: Any
     lower_seconds: float
     compile_seconds: float
@@ -238,7 +252,7 @@ def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep
     with trainer._context():  # noqa: SLF001 - the mesh and logical rules train_step runs under
         lowered, lower_s = timed(lambda: jitted.lower(abstract_state, abstract_batch, jax.random.PRNGKey(0)))
         compiled, compile_s = timed(lowered.compile)
-    return CompiledStep(compiled, lower_s, compile_s)
+    return CompiledStep(lowered, compiled, lower_s, compile_s)
 
 
 def flops_per_token(model_config: Any, length: int, inputs_length: int | None = None) -> float:

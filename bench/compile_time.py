@@ -62,5 +62,5 @@ def run(args, command: str) -> None:
                         "unrolled: compile s", "unrolled: total s", "unrolled / scan"], rows))
     print()
     print("lower = trace + StableHLO lowering of Trainer._train_step_fn (jax.jit(...).lower); "
-          "compile = XLA compile (.compile()); decoder-only LLaMA style, AdamW, best of repeats.")
+          "compile = XLA compile (.compile()); decoder-only LLaMA style, AdamW, best of repeats; persistent compilation cache off.")
     print(common.settings_line(settings))

@@ -4,21 +4,23 @@ Each model is read from its gin file (gin/models/NAME.gin, the MODEL macro) and 
 bfloat16 (float32 parameters, AdamW) at --seq_len x --batch_size. Remat policies are tried in
 the order of --policies; the first that fits is used: a policy is skipped when its predicted
 peak (arguments + outputs - aliased + temp, from compiled.memory_analysis()) exceeds the
-device's memory limit, or when compiling or running it raises an out-of-memory error. The step is the jitted Trainer train
-step, compiled ahead of time (jax.jit(...).lower(...).compile()) and called directly.
-Attention is `jax.nn.dot_product_attention` as the model calls it; the `attention kernel`
-column says whether the compiled step contains cuDNN fused attention. --attention cudnn asks
-for cuDNN explicitly (implementation='cudnn'), to compare.
+device's memory limit, or when compiling or running it raises an out-of-memory error. The
+step is the jitted Trainer train step, compiled ahead of time (jax.jit(...).lower(...)
+.compile()) and called directly.
 
-Refuses to run on CPU unless --allow_cpu, which shrinks every model to a tiny stand-in with
-the same code path, to validate this script.
+Attention is `jax.nn.dot_product_attention` with the model's attention_implementation
+(--attention, default 'auto': cuDNN flash attention on GPUs in bf16); the `attention kernel`
+column says whether the lowered step really calls cuDNN fused attention. Rows are packed
+like pretraining's (--packed_segments segments per row, with segment ids and positions).
+
+--quick is a GPU smoke test (decoder_125m only, few steps). On CPU the script refuses to run
+unless --allow_cpu, which shrinks every model to a tiny stand-in with the same code path, to
+validate this script.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import gc
 import statistics
 import time
@@ -29,8 +31,9 @@ from bench import common
 
 DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
             "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
-            "warmup_steps": 2, "steps": 10, "windows": 3, "peak_flops": 989e12, "attention": "default",
-            "memory_limit_gib": None, "allow_cpu": False}
+            "warmup_steps": 2, "steps": 10, "windows": 3, "peak_flops": 989e12, "attention": "auto",
+            "packed_segments": 4, "memory_limit_gib": None, "allow_cpu": False}
+QUICK = {"models": "decoder_125m", "warmup_steps": 1, "steps": 3, "windows": 1}  # a GPU smoke test
 # --allow_cpu: every model shrinks to these sizes (its other switches are kept).
 TINY = {"emb_dim": 64, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32, "mlp_dim": 128, "num_layers": 2,
         "vocab_size": 512}
@@ -45,27 +48,15 @@ def add_arguments(parser) -> None:
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--peak_flops", type=float,
                         help="peak FLOP/s per device for MFU (default 989e12: H100 SXM bf16 dense; H200 the same)")
-    parser.add_argument("--attention", choices=("default", "xla", "cudnn"),
-                        help="default: as the model calls it; xla/cudnn: force jax.nn.dot_product_attention's "
-                             "implementation")
+    parser.add_argument("--attention", choices=("auto", "xla", "cudnn"),
+                        help="DecoderConfig.attention_implementation (default auto: cuDNN on GPUs in bf16)")
+    parser.add_argument("--packed_segments", type=int,
+                        help="segments packed into each row, with segment ids and positions as pretraining "
+                             "feeds them (default 4); 0: one unpacked example per row")
     parser.add_argument("--memory_limit_gib", type=float,
                         help="skip policies whose predicted peak exceeds this (default: the device's limit)")
     parser.add_argument("--allow_cpu", action="store_true", default=None,
                         help="run on CPU with tiny stand-in models (validation only)")
-
-
-@contextlib.contextmanager
-def attention_implementation(name: str):
-    """Makes the model's jax.nn.dot_product_attention calls use `implementation=name`."""
-    if name == "default":
-        yield
-        return
-    original = jax.nn.dot_product_attention
-    jax.nn.dot_product_attention = functools.partial(original, implementation=name)
-    try:
-        yield
-    finally:
-        jax.nn.dot_product_attention = original
 
 
 def gin_model(name: str):
@@ -79,11 +70,11 @@ def gin_model(name: str):
 
 def model_config(name: str, policy: str, s: dict):
     cfg = gin_model(name)
-    sizes = dict(TINY) if s["allow_cpu"] else {}
+    sizes = dict(TINY) if s["tiny_stand_ins"] else {}
     if s["vocab_size"]:
         sizes["vocab_size"] = s["vocab_size"]
     return dataclasses.replace(cfg, **sizes, dtype="bfloat16", remat_policy=policy,
-                               max_len=max(cfg.max_len, s["seq_len"]))
+                               max_len=max(cfg.max_len, s["seq_len"]), attention_implementation=s["attention"])
 
 
 def memory_limit_bytes(s: dict) -> float | None:
@@ -96,15 +87,16 @@ def memory_limit_bytes(s: dict) -> float | None:
 def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
     """Compiles and times one (model, policy); raises on failure, returns {'skipped': ...} if too big."""
     cfg = model_config(name, policy, s)
-    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"])
+    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"],
+                              packed_segments=s["packed_segments"])
     trainer = common.make_trainer(cfg)
-    with attention_implementation(s["attention"]):
-        step = common.compile_train_step(trainer, batch)
+    step = common.compile_train_step(trainer, batch)
     mem = common.memory_row(step.compiled.memory_analysis())
     predicted = max(mem["total"], mem["xla_peak"])
     if limit and predicted > limit:
-        return {"skipped": f"predicted {predicted / common.GIB:.1f} GiB > limit {limit / common.GIB:.1f} GiB"}
-    kernel = "cuDNN fused" if CUDNN_FMHA in step.compiled.as_text() else "XLA (unfused)"
+        return {"skipped": f"predicted {common.fmt_bytes(predicted)} > limit {common.fmt_bytes(limit)}"}
+    # jax lowers implementation='cudnn' to a cuDNN custom call, which XLA then must run.
+    kernel = "cuDNN fused" if CUDNN_FMHA in step.lowered.as_text() else "XLA (unfused)"
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     batch = common.global_batch(trainer, batch)
     rng = jax.device_put(jax.random.PRNGKey(1), trainer._replicated)  # noqa: SLF001
@@ -119,7 +111,7 @@ def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
         jax.block_until_ready((state, metrics))
         seconds.append((time.perf_counter() - start) / s["steps"])
     return {"cfg": cfg, "compile_s": step.lower_seconds + step.compile_seconds, "step_s": statistics.median(seconds),
-            "predicted_gib": predicted / common.GIB, "kernel": kernel,
+            "predicted": predicted, "kernel": kernel,
             "loss": float(metrics["loss_sum"] / metrics["weight_sum"])}
 
 
@@ -147,7 +139,7 @@ def first_fitting(name: str, s: dict, limit: float | None) -> tuple[dict | None,
 
 
 def run(args, command: str) -> None:
-    s = common.resolve(args, DEFAULTS, {})
+    s = common.resolve(args, DEFAULTS, QUICK)
     device = jax.devices()[0]
     if device.platform == "cpu":
         if not s["allow_cpu"]:
@@ -155,6 +147,7 @@ def run(args, command: str) -> None:
                              "Run it on a GPU machine, or add --allow_cpu to validate the script with tiny "
                              "stand-in models.")
         s.update({k: getattr(args, k) if getattr(args, k) is not None else v for k, v in TINY_RUN.items()})
+    s["tiny_stand_ins"] = device.platform == "cpu"
     limit = memory_limit_bytes(s)
     rows, notes = [], []
     for name in common.strs(s["models"]):
@@ -169,17 +162,17 @@ def run(args, command: str) -> None:
         rows.append([name, f"{r['cfg'].num_params() / 1e6:,.1f}M", r["policy"], f"{len(tried)}", s["batch_size"],
                      s["seq_len"], f"{r['compile_s']:.1f}", f"{r['step_s'] * 1e3:,.1f}", f"{rate:,.0f}",
                      f"{100 * common.mfu(flops, rate, s['peak_flops']):.1f}%", f"{flops / 1e9:.3f}",
-                     f"{r['predicted_gib']:.2f}", r["kernel"], f"{r['loss']:.3f}"])
+                     common.fmt_bytes(r["predicted"]), r["kernel"], f"{r['loss']:.3f}"])
     print(common.header(command))
     print()
-    if s["allow_cpu"] and device.platform == "cpu":
+    if s["tiny_stand_ins"]:
         print(f"**CPU validation run: every model is shrunk to {TINY}; the figures say nothing about the "
               "real models.**\n")
     print(common.table(["model", "params", "remat used", "policies tried", "batch", "seq", "lower+compile s",
-                        "step ms (median)", "tokens/s", "MFU", "GFLOP/token", "predicted GiB", "attention kernel",
+                        "step ms (median)", "tokens/s", "MFU", "GFLOP/token", "predicted memory", "attention kernel",
                         "loss"], rows))
     print()
-    limit_text = f"{limit / common.GIB:.1f} GiB" if limit else "unknown"
+    limit_text = common.fmt_bytes(limit) if limit else "unknown"
     print(f"bfloat16 compute, float32 params, AdamW, scan_layers from the gin file; MFU = flops_per_token x "
           f"tokens/s / ({s['peak_flops']:.3g} x {jax.device_count()} devices); device memory limit {limit_text}. "
           f"Per model, policies tried:")

@@ -4,11 +4,12 @@ Families: `llama` (decoder-only, RoPE, RMSNorm, SwiGLU), `gpt2` (decoder-only, l
 positions, LayerNorm, GELU, biases, tied embeddings) and `t5` (T5 v1.1 encoder-decoder with
 half the layers in each stack, inputs as long as targets by default, so its matmul work per
 target token is close to the decoders'). Each runs `Trainer.train_step` (AdamW) on random
-tokens. The first --warmup_steps steps (compile included) are excluded; then --windows
-windows of --steps steps are timed, each ending with one block_until_ready on the last state
-and metrics. tokens/s counts target tokens (batch x seq_len); MFU is the library's
-flops_per_token (for T5 with inputs_length) x tokens/s over the measured matmul peak of the
-same dtype (matmul_peak, or --peak_flops / --peak_flops_bf16).
+tokens packed as pretraining packs them (--packed_segments per row, with segment ids and
+positions; 0: unpacked rows). The first --warmup_steps steps (compile included) are
+excluded; then --windows windows of --steps steps are timed, each ending with one
+block_until_ready on the last state and metrics. tokens/s counts target tokens (batch x
+seq_len); MFU is the library's flops_per_token (for T5 with inputs_length) x tokens/s over
+the measured matmul peak of the same dtype (matmul_peak, or --peak_flops / --peak_flops_bf16).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bench import common, matmul_peak
 
 DEFAULTS = {"families": "llama,gpt2,t5", "dtypes": "float32,bfloat16", "emb_dim": 512, "num_layers": 4,
             "num_heads": 8, "head_dim": 64, "mlp_dim": 1408, "vocab_size": 8192, "seq_len": 256, "batch_size": 8,
-            "t5_inputs_len": None, "warmup_steps": 2, "steps": 5, "windows": 3,
+            "t5_inputs_len": None, "packed_segments": 4, "warmup_steps": 2, "steps": 5, "windows": 3,
             "peak_flops": None, "peak_flops_bf16": None}
 QUICK = {"emb_dim": 64, "num_layers": 2, "num_heads": 2, "head_dim": 32, "mlp_dim": 128, "vocab_size": 512,
          "seq_len": 64, "batch_size": 2, "warmup_steps": 1, "steps": 3, "windows": 2}
@@ -32,7 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--families", help="comma-separated: llama,gpt2,t5")
     parser.add_argument("--dtypes", help="comma-separated compute dtypes (default float32,bfloat16)")
     for key in ("emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim", "vocab_size", "seq_len", "batch_size",
-                "t5_inputs_len", "warmup_steps", "steps", "windows"):
+                "t5_inputs_len", "packed_segments", "warmup_steps", "steps", "windows"):
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--peak_flops", type=float, help="float32 peak FLOP/s for MFU (default: measure)")
     parser.add_argument("--peak_flops_bf16", type=float, help="bfloat16 peak FLOP/s for MFU (default: measure)")
@@ -60,7 +61,8 @@ def model_config(family: str, dtype: str, s: dict):
 def measure(family: str, dtype: str, s: dict) -> dict:
     cfg = model_config(family, dtype, s)
     inputs_len = s["t5_inputs_len"] or s["seq_len"]
-    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], inputs_length=inputs_len)
+    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], inputs_length=inputs_len,
+                              packed_segments=s["packed_segments"])
     trainer = common.make_trainer(cfg)
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     batch = common.global_batch(trainer, batch)
@@ -89,7 +91,7 @@ def peaks(s: dict, quick: bool) -> tuple[dict[str, float], str]:
     given = {"float32": s["peak_flops"], "bfloat16": s["peak_flops_bf16"]}
     wanted = [d for d in common.strs(s["dtypes"]) if not given.get(d)]
     if not wanted:
-        return given, "given on the command line"
+        return given, "--peak_flops / --peak_flops_bf16"
     settings = {**matmul_peak.DEFAULTS, **(matmul_peak.QUICK if quick else {}), "dtypes": ",".join(wanted)}
     _, measured = matmul_peak.measure(settings)
     return {**given, **measured}, f"measured in-process by matmul_peak ({common.settings_line(settings)})"
@@ -100,6 +102,7 @@ def run(args, command: str) -> None:
     if s["warmup_steps"] < 1:
         raise SystemExit("--warmup_steps must be at least 1 (the first step compiles).")
     peak, peak_source = peaks(s, args.quick)
+    peak_source = getattr(args, "peak_source", peak_source)
     rows = []
     for family in common.strs(s["families"]):
         for dtype in common.strs(s["dtypes"]):

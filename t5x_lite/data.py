@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.tf_setup import import_tensorflow
 
 
@@ -49,17 +50,17 @@ class DataConfig:
 
     def __post_init__(self):
         if self.feature_converter is not None and self.feature_converter not in FEATURE_CONVERTERS:
-            raise ValueError(f"Unknown feature_converter {self.feature_converter!r}; choose one of "
+            raise ConfigValueError(f"Unknown feature_converter {self.feature_converter!r}; choose one of "
                              f"{list(FEATURE_CONVERTERS)}.")
         if self.feature_converter == "enc_dec" and not self.inputs_length:
-            raise ValueError("feature_converter='enc_dec' needs DataConfig.inputs_length (the encoder's "
+            raise ConfigValueError("feature_converter='enc_dec' needs DataConfig.inputs_length (the encoder's "
                              "length); set --gin.INPUTS_LENGTH=... .")
 
     def for_model_family(self, family: str) -> "DataConfig":
         """This config with the feature converter `family` needs filled in (or checked)."""
         wanted = next(name for name, (_, feeds) in FEATURE_CONVERTERS.items() if feeds == family)
         if self.feature_converter not in (None, wanted):
-            raise ValueError(f"The {family} model cannot read {self.split} batches from the "
+            raise ConfigValueError(f"The {family} model cannot read {self.split} batches from the "
                              f"{self.feature_converter!r} feature converter; set DataConfig.feature_converter "
                              f"to {wanted!r} (or None).")
         return dataclasses.replace(self, feature_converter=wanted)

@@ -8,12 +8,16 @@ import sys
 EXIT_BAD_INPUT = 2
 
 
+class ConfigValueError(ValueError):
+    """A configured value is invalid (an unknown choice, sizes that do not fit together)."""
+
+
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
     from t5x_lite import checkpoint, config, loops
 
     types: list[type[BaseException]] = [config.ConfigError, loops.RunConfigError,
-                                        checkpoint.CheckpointMismatchError]
+                                        checkpoint.CheckpointMismatchError, ConfigValueError]
     try:
         from tasks import lm
 

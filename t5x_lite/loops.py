@@ -6,6 +6,7 @@ Everything the run needs arrives as keyword arguments, bound by gin (see gin/run
 from __future__ import annotations
 
 import importlib
+import json
 import math
 import os
 import shutil
@@ -88,7 +89,8 @@ def run_metadata(*, model: ModelConfig, train_data: data_lib.DataConfig, vocab_s
     """What `checkpoint info` shows and what a resumed run is checked against."""
     return {
         "family": model.family,
-        "model": model.to_dict(),
+        # Through JSON, so it compares equal to what a checkpoint's metadata reads back (lists, not tuples).
+        "model": json.loads(json.dumps(model.to_dict())),
         "task": train_data.mixture_or_task_name,
         "vocab_size": vocab_size,
         "sequence_length": train_data.sequence_length,
@@ -126,6 +128,20 @@ def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataCon
                              "prepare it with a validation fraction > 0.")
     loss = totals["loss_sum"] / totals["weight_sum"]
     return {"loss": loss, "perplexity": metrics.perplexity(loss), "tokens": totals["weight_sum"]}
+
+
+def _check_pipelines(configs: Sequence[data_lib.DataConfig], host_batch_size: int) -> None:
+    """Builds each input pipeline once (reading nothing) so a preprocessor's complaint about
+    the lengths or the data stops the run before anything is written."""
+    for cfg in configs:
+        try:
+            data_lib.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
+                                   shard_index=jax.process_index(), num_shards=jax.process_count())
+        except ValueError as e:
+            raise RunConfigError(
+                f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
+                "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
+            ) from None
 
 
 def _count_steps_per_epoch(config: data_lib.DataConfig, host_batch: int) -> int:
@@ -212,6 +228,7 @@ def train(
         checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
 
     host_batch = train_data.batch_size // jax.process_count()
+    _check_pipelines([c for c in (train_data, eval_data) if c is not None], host_batch)
     steps_per_epoch = _count_steps_per_epoch(train_data, host_batch) if num_epochs else None
     total_steps = min(s for s in (train_steps, steps_per_epoch and steps_per_epoch * num_epochs) if s)
     tx = optimizer.build(total_steps)

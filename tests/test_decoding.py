@@ -1,7 +1,5 @@
 """Logit filtering and autoregressive generation."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -234,10 +234,11 @@ def test_attention_matches_numpy_with_and_without_folded_scale(fold):
     mask[..., 0] = True  # every query sees at least one key
     bias = rng.normal(size=(1, heads, 5, 6)).astype(np.float32)
     attention = layers.Attention(heads, heads, head_dim, use_rope=False, fold_scale_into_query=fold)
-    params = attention.init(jax.random.PRNGKey(2), xq, xkv, jnp.asarray(mask), bias=jnp.asarray(bias))["params"]
+    args = (xq, xkv, jnp.asarray(mask))
+    params = jax.jit(lambda: attention.init(jax.random.PRNGKey(2), *args, bias=jnp.asarray(bias)))()["params"]
     # Large query weights so that the 1/sqrt(head_dim) factor clearly matters.
     params = {**params, "query": {"kernel": params["query"]["kernel"] * (4.0 if fold else 1.0)}}
-    got = np.asarray(attention.apply({"params": params}, xq, xkv, jnp.asarray(mask), bias=jnp.asarray(bias)))
+    got = np.asarray(jax.jit(lambda p: attention.apply({"params": p}, *args, bias=jnp.asarray(bias)))(params))
     xq64, xkv64 = np.asarray(xq, np.float64), np.asarray(xkv, np.float64)
     unscaled = _numpy_attention(params, xq64, xkv64, mask, bias, 1.0)
     scaled = _numpy_attention(params, xq64, xkv64, mask, bias, 1.0 / math.sqrt(head_dim))
@@ -255,3 +256,32 @@ def test_folded_scale_shrinks_query_init_by_head_dim():
             jax.random.PRNGKey(3), x, x, mask)["params"]
         np.testing.assert_allclose(np.var(np.asarray(params["query"]["kernel"])), query_var, rtol=0.1)
         np.testing.assert_allclose(np.var(np.asarray(params["key"]["kernel"])), 1.0 / emb, rtol=0.1)
+
+
+def test_attention_is_causal_adds_the_causal_mask_to_the_segment_mask():
+    heads, head_dim, emb, length = 2, 8, 8, 6
+    x = _rand(10, (2, length, emb))
+    segments = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    segment_mask = layers.make_bidirectional_mask(segments, segments)
+    bias = np.zeros((1, heads, length, length), np.float32)
+    causal = layers.Attention(heads, heads, head_dim, use_rope=False, is_causal=True)
+    params = jax.jit(lambda: causal.init(jax.random.PRNGKey(4), x, x, segment_mask))()["params"]
+    got = np.asarray(jax.jit(lambda p: causal.apply({"params": p}, x, x, segment_mask))(params))
+    combined = np.asarray(segment_mask) & np.tril(np.ones((length, length), bool))
+    x64 = np.asarray(x, np.float64)
+    expected = _numpy_attention(params, x64, x64, combined, bias, 1.0 / math.sqrt(head_dim))
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # Same as passing the full causal-and-segment mask without is_causal; different from no causality.
+    plain = layers.Attention(heads, heads, head_dim, use_rope=False)
+    full_mask = layers.make_attention_mask(segments)
+    run_plain = jax.jit(lambda p, mask: plain.apply({"params": p}, x, x, mask))
+    np.testing.assert_allclose(np.asarray(run_plain(params, full_mask)), got, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(run_plain(params, segment_mask)), got, atol=1e-3)
+
+
+def test_attention_implementation_resolves_auto_to_xla_off_gpu():
+    assert jax.default_backend() == "cpu"
+    for dtype in (jnp.float32, jnp.bfloat16):
+        assert layers.attention_implementation("auto", dtype, 64) == "xla"
+    assert layers.attention_implementation("xla", jnp.bfloat16, 64) == "xla"
+    assert layers.attention_implementation("cudnn", jnp.float32, 64) == "cudnn"

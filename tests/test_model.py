@@ -13,6 +13,9 @@ from t5x_lite.models import decoder_only, stack
 
 BASE = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                                   mlp_dim=64, num_layers=2, max_len=16)
+# GPT-2 style: learned positions, LayerNorm, a plain GELU MLP, biases everywhere, tied logits.
+GPT2 = dataclasses.replace(BASE, position_embedding="learned", norm="layernorm", mlp_activations=("gelu",),
+                           use_bias=True, tie_embeddings=True)
 
 
 def _cfg(**overrides):
@@ -93,24 +96,33 @@ def test_scan_and_unrolled_give_equal_logits():
     assert not np.allclose(np.asarray(a), np.asarray(c), atol=1e-4)
 
 
-def _loss_grads(cfg, params, tokens):
+@functools.lru_cache(maxsize=None)
+def _jitted_loss_grads(cfg):
     model = decoder_only.Decoder(cfg)
 
-    def loss(p):
+    def loss(p, tokens):
         logits = model.apply({"params": p}, tokens[:, :-1])
         return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, 1:, None], -1))
 
-    return jax.jit(jax.grad(loss))(params)
+    # Gradient graphs are the slowest to compile; LLVM's optimisation level does not change what
+    # they compute, and level 0 roughly halves the compile time on CPU.
+    return jax.jit(jax.grad(loss), compiler_options={"xla_backend_optimization_level": 0})
 
 
-def test_remat_policies_give_equal_gradients():
+def _loss_grads(cfg, params, tokens):
+    return _jitted_loss_grads(cfg)(params, tokens)
+
+
+@pytest.mark.parametrize("policy", [name for name in stack.REMAT_POLICIES if name != "none"])
+def test_remat_policies_give_equal_gradients(policy):
+    # Every policy, the `_offloaded` ones included: the CPU backend has a pinned_host memory space.
+    stack.check_backend_supports(policy)
     params = _init(BASE, seed=4)
     tokens = _tokens(2, (2, 13))
     reference = _loss_grads(_cfg(remat_policy="none"), params, tokens)
     assert float(sum(jnp.sum(jnp.abs(g)) for g in jax.tree.leaves(reference))) > 0
-    for policy in ("minimal", "save_dots", "full"):
-        grads = _loss_grads(_cfg(remat_policy=policy), params, tokens)
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
+    grads = _loss_grads(_cfg(remat_policy=policy), params, tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
 
 
 def test_remat_unrolled_gives_equal_gradients():
@@ -123,30 +135,35 @@ def test_remat_unrolled_gives_equal_gradients():
                  unrolled, scanned_to_unrolled(reference, BASE.num_layers))
 
 
-def test_packed_sequences_match_sequences_run_alone():
-    params = _init(BASE, seed=6)
+STYLES = pytest.mark.parametrize("cfg", [BASE, GPT2], ids=["llama", "gpt2"])
+
+
+@STYLES
+def test_packed_sequences_match_sequences_run_alone(cfg):
+    params = _init(cfg, seed=6)
     seq_a, seq_b = _tokens(10, (5,)), _tokens(11, (7,))
     length = 16
     pad = length - 12
     tokens = jnp.concatenate([seq_a, seq_b, jnp.zeros((pad,), jnp.int32)])[None]
     segment_ids = jnp.asarray([[1] * 5 + [2] * 7 + [0] * pad], jnp.int32)
     positions = jnp.asarray([list(range(5)) + list(range(7)) + [0] * pad], jnp.int32)
-    packed = np.asarray(_apply(BASE, params, tokens, decoder_positions=positions, decoder_segment_ids=segment_ids))
-    alone_a = np.asarray(_apply(BASE, params, seq_a[None]))
-    alone_b = np.asarray(_apply(BASE, params, seq_b[None]))
+    packed = np.asarray(_apply(cfg, params, tokens, decoder_positions=positions, decoder_segment_ids=segment_ids))
+    alone_a = np.asarray(_apply(cfg, params, seq_a[None]))
+    alone_b = np.asarray(_apply(cfg, params, seq_b[None]))
     np.testing.assert_allclose(packed[0, :5], alone_a[0], atol=1e-5, rtol=1e-5)
     np.testing.assert_allclose(packed[0, 5:12], alone_b[0], atol=1e-5, rtol=1e-5)
     # Without segment ids and restarted positions the second sequence would see the first.
-    unpacked = np.asarray(_apply(BASE, params, tokens))
+    unpacked = np.asarray(_apply(cfg, params, tokens))
     assert not np.allclose(unpacked[0, 5:12], alone_b[0], atol=1e-3)
 
 
-def test_causality_future_tokens_do_not_change_past_logits():
-    params = _init(BASE, seed=7)
+@STYLES
+def test_causality_future_tokens_do_not_change_past_logits(cfg):
+    params = _init(cfg, seed=7)
     tokens = _tokens(12, (1, 12))
-    changed = tokens.at[0, 7].set((tokens[0, 7] + 5) % BASE.vocab_size)
-    a = np.asarray(_apply(BASE, params, tokens))
-    b = np.asarray(_apply(BASE, params, changed))
+    changed = tokens.at[0, 7].set((tokens[0, 7] + 5) % cfg.vocab_size)
+    a = np.asarray(_apply(cfg, params, tokens))
+    b = np.asarray(_apply(cfg, params, changed))
     np.testing.assert_allclose(a[0, :7], b[0, :7], atol=1e-6)
     assert not np.allclose(a[0, 7:], b[0, 7:], atol=1e-4)
 
@@ -174,3 +191,70 @@ def test_bfloat16_keeps_float32_params_and_runs():
     ref = np.asarray(_apply(BASE, params, tokens))
     err = np.max(np.abs(np.asarray(logits) - ref))
     assert err < 0.1 * np.max(np.abs(ref)) + 1e-2
+
+
+def _param_shapes(cfg):
+    return jax.eval_shape(lambda: decoder_only.Decoder(cfg).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt2_style_num_params_and_parameter_tree(tie):
+    cfg = dataclasses.replace(GPT2, tie_embeddings=tie)
+    shapes = _param_shapes(cfg)
+    assert cfg.num_params() == sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    d, v = cfg.emb_dim, cfg.vocab_size
+    # Tied logits reuse the token table: no output projection at all.
+    assert ("logits" in shapes) == (not tie)
+    if not tie:
+        assert shapes["logits"]["kernel"].shape == (d, v) and shapes["logits"]["bias"].shape == (v,)
+    assert shapes["token_embed"]["embedding"].shape == (v, d)
+    assert shapes["position_embed"]["embedding"].shape == (cfg.max_len, d)
+    layer = shapes["layers"]
+    assert set(layer["mlp"]) == {"wi", "wo"}
+    for norm in ("attn_norm", "mlp_norm"):
+        assert set(layer[norm]) == {"scale", "bias"}
+    assert set(shapes["final_norm"]) == {"scale", "bias"}
+    for proj in ("query", "key", "value", "out"):
+        assert set(layer["attention"][proj]) == {"kernel", "bias"}
+    # Unrolled, the count is the same.
+    assert cfg.num_params() == sum(math.prod(x.shape) for x in jax.tree.leaves(
+        _param_shapes(dataclasses.replace(cfg, scan_layers=False))))
+
+
+def test_default_style_has_no_biases_and_no_position_table():
+    shapes = _param_shapes(BASE)
+    assert "position_embed" not in shapes and "logits" in shapes
+    paths = ["/".join(str(getattr(k, "key", k)) for k in path)
+             for path, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
+    assert not [p for p in paths if p.endswith("bias")]
+
+
+def test_gpt2_tied_logits_use_the_token_embedding():
+    params = _init(GPT2, seed=9)
+    tokens = _tokens(14, (2, 10))
+    logits = np.asarray(_apply(GPT2, params, tokens))
+    assert logits.shape == (2, 10, GPT2.vocab_size) and np.all(np.isfinite(logits))
+    # Scaling the vocabulary rows of the table scales the logits of those rows only (through the
+    # output projection), once the inputs avoid them.
+    table = params["token_embed"]["embedding"]
+    unused = np.setdiff1d(np.arange(GPT2.vocab_size), np.asarray(tokens))
+    scaled = table.at[unused].multiply(3.0)
+    logits3 = np.asarray(_apply(GPT2, {**params, "token_embed": {"embedding": scaled}}, tokens))
+    np.testing.assert_allclose(logits3[..., unused], 3.0 * logits[..., unused], rtol=1e-4, atol=1e-5)
+    used = np.setdiff1d(np.arange(GPT2.vocab_size), unused)
+    np.testing.assert_allclose(logits3[..., used], logits[..., used], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("field,valid", [
+    ("norm", ("rmsnorm", "layernorm")),
+    ("position_embedding", ("rope", "learned")),
+    ("attention_implementation", ("auto", "xla", "cudnn")),
+])
+def test_unknown_choice_raises_naming_valid_ones(field, valid):
+    with pytest.raises(ValueError) as excinfo:
+        _cfg(**{field: "bogus_choice"})
+    message = str(excinfo.value)
+    assert field in message and "bogus_choice" in message
+    for name in valid:
+        assert name in message

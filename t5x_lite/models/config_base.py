@@ -7,13 +7,14 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import layers, stack
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    """A ValueError naming the field, the bad value and the valid ones."""
+    """A ConfigValueError naming the field, the bad value and the valid ones."""
     if value not in choices:
-        raise ValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
+        raise ConfigValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
 
 
 class ModelConfigBase:

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import layers, stack
 from t5x_lite.models.config_base import ModelConfigBase, check_choice
 
@@ -76,7 +77,7 @@ class DecoderConfig(ModelConfigBase):
     def __post_init__(self):
         self._check_common()
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise ConfigValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}."
             )
         check_choice("position_embedding", self.position_embedding, POSITION_KINDS)
@@ -161,6 +162,9 @@ class Decoder(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         tokens = decoder_input_tokens
+        if cfg.position_embedding == "learned" and tokens.shape[-1] > cfg.max_len:
+            raise ValueError(f"Sequence length {tokens.shape[-1]} exceeds the learned position table "
+                             f"(max_len={cfg.max_len}).")
         positions = decoder_positions
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)

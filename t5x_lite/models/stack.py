@@ -8,6 +8,8 @@ import jax
 from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
+from t5x_lite.errors import ConfigValueError
+
 _policies = jax.checkpoint_policies
 # Activations tagged with checkpoint_name in layers.Attention.
 QKV_NAMES = ("query_proj", "key_proj", "value_proj")
@@ -36,7 +38,7 @@ OFFLOADING_POLICIES = ("minimal_offloaded", "qkv_proj_offloaded")
 def remat_policy(name: str) -> Callable[..., Any] | None:
     """The jax checkpoint policy called `name`; a clear error lists the valid names."""
     if name not in REMAT_POLICIES:
-        raise ValueError(f"Unknown remat_policy {name!r}; choose one of {list(REMAT_POLICIES)}.")
+        raise ConfigValueError(f"Unknown remat_policy {name!r}; choose one of {list(REMAT_POLICIES)}.")
     return REMAT_POLICIES[name]
 
 
@@ -47,7 +49,7 @@ def check_backend_supports(name: str, device: jax.Device | None = None) -> None:
     device = device or jax.devices()[0]
     kinds = {memory.kind for memory in device.addressable_memories()}
     if "pinned_host" not in kinds:
-        raise ValueError(
+        raise ConfigValueError(
             f"remat_policy {name!r} offloads activations to pinned host memory, which the "
             f"{device.platform} backend does not have (memory kinds: {sorted(kinds)}); use "
             f"{name.replace('_offloaded', '')!r} instead."
