@@ -1,7 +1,7 @@
 """What every benchmark shares: the header line, settings, timing, tables, and t5x_lite set-up.
 
 Benchmarks build models from the library's own configs and train through its own `Trainer`
-(`Trainer._train_step_fn` under the same jit arguments `Trainer.train_step` uses), so the
+(`Trainer.train_step`, and `Trainer.lower_train_step` for compile time and memory), so the
 figures measure t5x_lite, not a hand-written model.
 """
 
@@ -216,22 +216,6 @@ def global_batch(trainer, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Arra
     return partitioning.host_batch_to_global(batch, trainer.batch_sharding)
 
 
-def train_step_jit(trainer):
-    """The jitted train step, with exactly the arguments `Trainer.train_step` gives `jax.jit`.
-
-    Built here so the step can be lowered and compiled (and its memory analysed) without running
-    it; it is stored on the trainer, so a later `trainer.train_step` call uses this same object.
-    """
-    if trainer._train_step is None:  # noqa: SLF001
-        trainer._train_step = jax.jit(  # noqa: SLF001
-            trainer._train_step_fn,  # noqa: SLF001
-            in_shardings=(trainer.state_shardings, trainer.batch_sharding, trainer._replicated),  # noqa: SLF001
-            out_shardings=(trainer.state_shardings, trainer._replicated),  # noqa: SLF001
-            donate_argnums=(0,),
-        )
-    return trainer._train_step  # noqa: SLF001
-
-
 @dataclasses.dataclass
 class CompiledStep:
     lowered: Any
@@ -241,17 +225,9 @@ class CompiledStep:
 
 
 def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep:
-    """jax.jit(train step).lower(abstract state, batch, rng).compile(), each part timed.
-
-    Nothing is allocated: the state is abstract (shapes and shardings only).
-    """
-    abstract_state = trainer.abstract_state(batch)
-    abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=trainer.batch_sharding)
-                      for k, v in batch.items()}
-    jitted = train_step_jit(trainer)
-    with trainer._context():  # noqa: SLF001 - the mesh and logical rules train_step runs under
-        lowered, lower_s = timed(lambda: jitted.lower(abstract_state, abstract_batch, jax.random.PRNGKey(0)))
-        compiled, compile_s = timed(lowered.compile)
+    """`Trainer.lower_train_step(batch).compile()`, each part timed; nothing is allocated."""
+    lowered, lower_s = timed(lambda: trainer.lower_train_step(batch))
+    compiled, compile_s = timed(lowered.compile)
     return CompiledStep(lowered, compiled, lower_s, compile_s)
 
 

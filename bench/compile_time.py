@@ -61,6 +61,6 @@ def run(args, command: str) -> None:
     print(common.table(["layers", "scan: lower s", "scan: compile s", "scan: total s", "unrolled: lower s",
                         "unrolled: compile s", "unrolled: total s", "unrolled / scan"], rows))
     print()
-    print("lower = trace + StableHLO lowering of Trainer._train_step_fn (jax.jit(...).lower); "
+    print("lower = trace + StableHLO lowering of the train step (Trainer.lower_train_step); "
           "compile = XLA compile (.compile()); decoder-only LLaMA style, AdamW, best of repeats; persistent compilation cache off.")
     print(common.settings_line(settings))

@@ -175,8 +175,7 @@ class Trainer:
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    def train_step(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
-        """One optimizer step on a global batch; returns the new state and device-side metrics."""
+    def _jitted_train_step(self):
         if self._train_step is None:
             self._train_step = jax.jit(
                 self._train_step_fn,
@@ -184,8 +183,24 @@ class Trainer:
                 out_shardings=(self.state_shardings, self._replicated),
                 donate_argnums=(0,),
             )
+        return self._train_step
+
+    def train_step(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
+        """One optimizer step on a global batch; returns the new state and device-side metrics."""
         with self._context():
-            return self._train_step(state, batch, dropout_rng)
+            return self._jitted_train_step()(state, batch, dropout_rng)
+
+    def lower_train_step(self, example_batch: Batch) -> jax.stages.Lowered:
+        """The train step lowered for a batch of this shape, allocating nothing.
+
+        `.compile()` on the result gives XLA's program, whose `memory_analysis()` and
+        `cost_analysis()` describe the real step; `train_step` reuses the same jitted function.
+        """
+        abstract_state = self.abstract_state(example_batch)
+        abstract_batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+                          for k, v in example_batch.items()}
+        with self._context():
+            return self._jitted_train_step().lower(abstract_state, abstract_batch, jax.random.PRNGKey(0))
 
     def _eval_step_fn(self, params: Any, batch: Batch):
         return loss_sums(self.model, params, batch, LossConfig(), deterministic=True)

@@ -181,3 +181,21 @@ def test_multi_device_mesh_matches_one_device(mesh_axes, one_device_adamw_run):
     # Adam divides by the gradient's running RMS, which amplifies float reduction-order noise in
     # near-zero gradients; 2e-4 is still far below one step's size (~lr = 1e-2).
     assert_trees_close(params, ref_params, rtol=1e-4, atol=2e-4)
+
+
+def test_lowered_train_step_reports_less_temporary_memory_with_full_remat():
+    """lower_train_step allocates nothing, and its compiled memory analysis sees the remat policy."""
+    import dataclasses
+
+    batch = make_batch()
+
+    def temp_bytes(policy):
+        cfg = dataclasses.replace(CFG, remat_policy=policy, num_layers=4)
+        mesh = partitioning.make_mesh(axes=(("data", 1),), devices=jax.devices()[:1])
+        trainer = trainer_lib.Trainer(model=decoder_only.Decoder(cfg), optimizer=optax.sgd(0.1),
+                                      learning_rate_fn=lambda step: 0.1, mesh=mesh, rules=partitioning.DEFAULT_RULES)
+        compiled = trainer.lower_train_step(batch).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    none, full = temp_bytes("none"), temp_bytes("full")
+    assert 0 < full < none
