@@ -232,10 +232,32 @@ def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep
 
 
 def flops_per_token(model_config: Any, length: int, inputs_length: int | None = None) -> float:
-    """The library's training FLOPs per (target) token, as `loops.train` computes it for MFU."""
-    if model_config.family == "encoder_decoder":
-        return model_config.flops_per_token(length, inputs_length=inputs_length or length)
-    return model_config.flops_per_token(length)
+    """The library's training FLOPs per (target) token, exactly as `loops.train` computes it for MFU."""
+    from t5x_lite.models import train_flops_per_token
+
+    return train_flops_per_token(model_config, targets_length=length, inputs_length=inputs_length)
+
+
+def timed_steps(step: Callable, state: Any, *args: Any, warmup: int, windows: int, steps: int):
+    """Runs `warmup` steps, then `windows` timed windows of `steps` steps each.
+
+    Only the end of a window waits for the device, as a training loop would. Returns the final
+    (state, metrics), the seconds of the first warm-up step (the compile included, when the step
+    was not compiled ahead) and the seconds per step of each window.
+    """
+    start, first = time.perf_counter(), None
+    for _ in range(warmup):
+        state, metrics = step(state, *args)
+        jax.block_until_ready((state, metrics))
+        first = first or time.perf_counter() - start
+    per_step = []
+    for _ in range(windows):
+        start = time.perf_counter()
+        for _ in range(steps):
+            state, metrics = step(state, *args)
+        jax.block_until_ready((state, metrics))
+        per_step.append((time.perf_counter() - start) / steps)
+    return state, metrics, first, per_step
 
 
 def mfu(flops_token: float, tokens_per_second: float, peak: float) -> float:

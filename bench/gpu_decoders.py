@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import statistics
-import time
 
 import jax
 
@@ -100,16 +99,8 @@ def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     batch = common.global_batch(trainer, batch)
     rng = jax.device_put(jax.random.PRNGKey(1), trainer._replicated)  # noqa: SLF001
-    for _ in range(s["warmup_steps"]):
-        state, metrics = step.compiled(state, batch, rng)
-        jax.block_until_ready((state, metrics))
-    seconds = []
-    for _ in range(s["windows"]):
-        start = time.perf_counter()
-        for _ in range(s["steps"]):
-            state, metrics = step.compiled(state, batch, rng)
-        jax.block_until_ready((state, metrics))
-        seconds.append((time.perf_counter() - start) / s["steps"])
+    state, metrics, _, seconds = common.timed_steps(step.compiled, state, batch, rng, warmup=s["warmup_steps"],
+                                                    windows=s["windows"], steps=s["steps"])
     return {"cfg": cfg, "compile_s": step.lower_seconds + step.compile_seconds, "step_s": statistics.median(seconds),
             "predicted": predicted, "kernel": kernel,
             "loss": float(metrics["loss_sum"] / metrics["weight_sum"])}

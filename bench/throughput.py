@@ -15,7 +15,6 @@ the measured matmul peak of the same dtype (matmul_peak, or --peak_flops / --pea
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 
@@ -68,18 +67,9 @@ def measure(family: str, dtype: str, s: dict) -> dict:
     batch = common.global_batch(trainer, batch)
     rng = jax.random.PRNGKey(1)
 
-    start, first = time.perf_counter(), None
-    for _ in range(s["warmup_steps"]):
-        state, metrics = trainer.train_step(state, batch, rng)
-        jax.block_until_ready((state, metrics))
-        first = first or time.perf_counter() - start  # the first step includes the compile
-    seconds = []
-    for _ in range(s["windows"]):
-        start = time.perf_counter()
-        for _ in range(s["steps"]):
-            state, metrics = trainer.train_step(state, batch, rng)
-        jax.block_until_ready((state, metrics))
-        seconds.append((time.perf_counter() - start) / s["steps"])
+    state, metrics, first, seconds = common.timed_steps(trainer.train_step, state, batch, rng,
+                                                        warmup=s["warmup_steps"], windows=s["windows"],
+                                                        steps=s["steps"])
     tokens = s["batch_size"] * s["seq_len"]
     return {"cfg": cfg, "first_step_s": first, "step_s": statistics.median(seconds), "best_step_s": min(seconds),
             "tokens": tokens, "flops_token": common.flops_per_token(cfg, s["seq_len"], inputs_len),

@@ -22,7 +22,7 @@ from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
 from t5x_lite import decoding, metrics, partitioning
 from t5x_lite import trainer as trainer_lib
-from t5x_lite.models import ModelConfig, stack
+from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.optim import OptimizerConfig
 
 
@@ -36,10 +36,7 @@ def _validate(*, model: ModelConfig, train_data: data_lib.DataConfig,
     """Checks sizes against each other and the data; returns the vocabulary size."""
     if train_steps is None and num_epochs is None:
         raise RunConfigError("Set TRAIN_STEPS or train.num_epochs (or both: the run stops at the first).")
-    try:
-        stack.check_backend_supports(model.remat_policy)
-    except ValueError as e:
-        raise RunConfigError(str(e)) from None
+    stack.check_backend_supports(model.remat_policy)
     for cfg in filter(None, (train_data, eval_data)):
         if model.family == "decoder_only" and cfg.sequence_length > model.max_len:
             raise RunConfigError(
@@ -130,23 +127,20 @@ def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataCon
     return {"loss": loss, "perplexity": metrics.perplexity(loss), "tokens": totals["weight_sum"]}
 
 
-def _check_pipelines(configs: Sequence[data_lib.DataConfig], host_batch_size: int) -> None:
-    """Builds each input pipeline once (reading nothing) so a preprocessor's complaint about
-    the lengths or the data stops the run before anything is written."""
-    for cfg in configs:
-        try:
-            data_lib.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
-                                   shard_index=jax.process_index(), num_shards=jax.process_count())
-        except ValueError as e:
-            raise RunConfigError(
-                f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
-                "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
-            ) from None
+def _build_epoch0_pipeline(cfg: data_lib.DataConfig, host_batch_size: int):
+    """Epoch 0's input pipeline, built (reading nothing) so a preprocessor's complaint about the
+    lengths or the data stops the run before anything is written."""
+    try:
+        return data_lib.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
+                                      shard_index=jax.process_index(), num_shards=jax.process_count())
+    except ValueError as e:
+        raise RunConfigError(
+            f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
+            "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
+        ) from None
 
 
-def _count_steps_per_epoch(config: data_lib.DataConfig, host_batch: int) -> int:
-    dataset = data_lib.epoch_dataset(config, epoch=0, host_batch_size=host_batch,
-                                     shard_index=jax.process_index(), num_shards=jax.process_count())
+def _count_batches(dataset) -> int:
     return int(dataset.reduce(0, lambda n, _: n + 1).numpy())
 
 
@@ -206,11 +200,8 @@ def train(
     if task_module:
         import_task_module(task_module)
     model_dir = os.path.abspath(os.path.expanduser(model_dir))
-    try:
-        train_data = train_data.for_model_family(model.family)
-        eval_data = eval_data and eval_data.for_model_family(model.family)
-    except ValueError as e:
-        raise RunConfigError(str(e)) from None
+    train_data = train_data.for_model_family(model.family)
+    eval_data = eval_data and eval_data.for_model_family(model.family)
     mesh = partitioning.make_mesh(axes=mesh_axes)
     logical_axis_rules = partitioning.rules_for_mesh(logical_axis_rules, mesh)
     batch_shards = partitioning.num_batch_shards(mesh, logical_axis_rules)
@@ -228,8 +219,10 @@ def train(
         checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
 
     host_batch = train_data.batch_size // jax.process_count()
-    _check_pipelines([c for c in (train_data, eval_data) if c is not None], host_batch)
-    steps_per_epoch = _count_steps_per_epoch(train_data, host_batch) if num_epochs else None
+    train_epoch0 = _build_epoch0_pipeline(train_data, host_batch)
+    if eval_data is not None:
+        _build_epoch0_pipeline(eval_data, host_batch)
+    steps_per_epoch = _count_batches(train_epoch0) if num_epochs else None
     total_steps = min(s for s in (train_steps, steps_per_epoch and steps_per_epoch * num_epochs) if s)
     tx = optimizer.build(total_steps)
     trainer = trainer_lib.Trainer(
@@ -267,7 +260,8 @@ def train(
 
     dropout_rng = jax.random.PRNGKey(seed + 1)
     step = int(state.step)
-    flops_per_token = _flops_per_token(model, train_data)
+    flops_per_token = train_flops_per_token(model, targets_length=train_data.sequence_length,
+                                            inputs_length=train_data.inputs_length)
     last_train: dict[str, float] = {}
     last_eval: dict[str, float] = {}
     window: list[dict[str, jax.Array]] = []
@@ -366,13 +360,6 @@ def summarize_window(step_metrics: Sequence[dict[str, Any]], *, seconds: float, 
             flops_per_token=flops_per_token, tokens_per_second=summary["tokens_per_second"],
             peak_flops_per_device=peak_flops_per_device, num_devices=num_devices)
     return summary
-
-
-def _flops_per_token(model: ModelConfig, data: data_lib.DataConfig) -> float:
-    """Training FLOPs per target token (for encoder-decoders, the encoder's share included)."""
-    if model.family == "encoder_decoder":
-        return model.flops_per_token(data.sequence_length, inputs_length=data.inputs_length)
-    return model.flops_per_token(data.sequence_length)
 
 
 def sample_text(*, model: ModelConfig, params: Any, vocabulary: Any, prompt: str,

@@ -70,12 +70,17 @@ def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSou
     return source, vocabulary
 
 
+def replace_task(name: str, **task_kwargs) -> seqio.Task:
+    """Registers seqio task `name`, replacing an earlier registration of that name."""
+    if name in seqio.TaskRegistry.names():
+        seqio.TaskRegistry.remove(name)
+    return seqio.TaskRegistry.add(name, metric_fns=[], **task_kwargs)
+
+
 def register_lm_task(name: str, data_dir: str) -> seqio.Task:
     """Registers (or re-registers) an LM task `name` over a prepared directory."""
     source, vocabulary = prepared_source(data_dir)
-    if name in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(
+    return replace_task(
         name,
         source=source,
         preprocessors=[
@@ -84,7 +89,6 @@ def register_lm_task(name: str, data_dir: str) -> seqio.Task:
             seqio.preprocessors.append_eos_after_trim,
         ],
         output_features={"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
-        metric_fns=[],
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 
-from tasks.lm import prepared_source, targets_as_int32
+from tasks.lm import prepared_source, replace_task, targets_as_int32
 from t5x_lite.tf_setup import import_tensorflow
 
 import_tensorflow()
@@ -36,9 +36,7 @@ def register_span_corruption_task(name: str, data_dir: str, *, noise_density: fl
                                   mean_noise_span_length: float = 3.0) -> seqio.Task:
     """Registers (or re-registers) a span-corruption task `name` over a prepared directory."""
     source, vocabulary = prepared_source(data_dir, extra_ids=EXTRA_IDS)
-    if name in seqio.TaskRegistry.names():
-        seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(
+    return replace_task(
         name,
         source=source,
         preprocessors=[
@@ -51,7 +49,6 @@ def register_span_corruption_task(name: str, data_dir: str, *, noise_density: fl
             "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
             "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
         },
-        metric_fns=[],
     )
 
 

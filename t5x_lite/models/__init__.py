@@ -15,6 +15,13 @@ ModelConfig = Union[DecoderConfig, T5Config]
 CONFIG_CLASSES = {cls.family: cls for cls in (DecoderConfig, T5Config)}
 
 
+def train_flops_per_token(model: ModelConfig, *, targets_length: int, inputs_length: int | None = None) -> float:
+    """Training FLOPs per target token, as MFU counts them (for T5 the encoder's share included)."""
+    if model.family == "encoder_decoder":
+        return model.flops_per_token(targets_length, inputs_length=inputs_length)
+    return model.flops_per_token(targets_length)
+
+
 def config_from_dict(family: str, values: dict[str, Any]) -> ModelConfig:
     """Rebuilds a model config from checkpoint metadata ({'family': ..., 'model': {...}})."""
     if family not in CONFIG_CLASSES:
