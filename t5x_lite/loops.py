@@ -20,7 +20,7 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import decoding, metrics, partitioning
+from t5x_lite import decoding, input_pipeline, metrics, partitioning
 from t5x_lite import trainer as trainer_lib
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.optim import OptimizerConfig
@@ -111,7 +111,7 @@ def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataCon
              max_batches: int | None = None) -> dict[str, float]:
     """Mean per-token cross entropy and perplexity over the split (or its first max_batches)."""
     host_batch = config.batch_size // jax.process_count()
-    iterator = data_lib.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
+    iterator = input_pipeline.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
                                       shard_index=jax.process_index(), num_shards=jax.process_count())
     totals = {"loss_sum": 0.0, "weight_sum": 0.0}
     for i, batch in enumerate(iterator):
@@ -131,7 +131,7 @@ def _build_epoch0_pipeline(cfg: data_lib.DataConfig, host_batch_size: int):
     """Epoch 0's input pipeline, built (reading nothing) so a preprocessor's complaint about the
     lengths or the data stops the run before anything is written."""
     try:
-        return data_lib.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
+        return input_pipeline.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
                                       shard_index=jax.process_index(), num_shards=jax.process_count())
     except ValueError as e:
         raise RunConfigError(
@@ -229,7 +229,7 @@ def train(
         model=model.make_module(), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
         mesh=mesh, rules=logical_axis_rules, loss_config=loss, microbatches=microbatches,
     )
-    iterator = data_lib.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
+    iterator = input_pipeline.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
                                       shard_index=jax.process_index(), num_shards=jax.process_count())
     example = {k: np.zeros(shape, np.int32) for k, shape in train_data.model_feature_shapes(train_data.batch_size).items()}
     abstract_state = trainer.abstract_state(example)

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from t5x_lite import config, data
+from t5x_lite import config, data, input_pipeline
 
 SEQ, BATCH = 64, 8
 
@@ -17,9 +17,9 @@ def task(small_data_dir) -> str:
     return config.lm_task(name="test_small_lm", data_dir=str(small_data_dir))
 
 
-def make_iterator(task: str, *, num_epochs=2, shuffle=True, shard=(0, 1)) -> data.BatchIterator:
+def make_iterator(task: str, *, num_epochs=2, shuffle=True, shard=(0, 1)) -> input_pipeline.BatchIterator:
     cfg = data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=shuffle, seed=3)
-    return data.BatchIterator(cfg, num_epochs=num_epochs, host_batch_size=BATCH,
+    return input_pipeline.BatchIterator(cfg, num_epochs=num_epochs, host_batch_size=BATCH,
                               shard_index=shard[0], num_shards=shard[1])
 
 
@@ -30,7 +30,7 @@ def real_tokens(batches) -> Counter:
     return counts
 
 
-def split_epochs(iterator: data.BatchIterator) -> list[list[dict]]:
+def split_epochs(iterator: input_pipeline.BatchIterator) -> list[list[dict]]:
     epochs, current = [], []
     for batch in iterator:
         current.append(batch)
