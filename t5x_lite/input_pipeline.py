@@ -1,38 +1,130 @@
-"""Host-local batches over epochs, with an iterator state that checkpoints."""
+"""Host-local batches over exact epochs, with an iterator state of a few integers.
+
+An epoch is one pass of the task's split, read through seqio with `num_epochs=1` and a seed
+derived from (data seed, epoch): every example of this data shard is seen exactly once per
+epoch, files and examples in a fresh order that the seed fixes. seqio's `ShardInfo` gives each
+data shard (a process, or a group of processes holding the same batch rows) its own files.
+
+Checkpointing: the state is (epoch, batches taken in the epoch, the epoch's planned length,
+the shard). Restoring rebuilds the epoch's pipeline and skips the batches already taken, which
+reproduces the uninterrupted stream exactly because the pipeline is a deterministic function
+of its seed (seqio seeds the stateful random preprocessors from it). The state does not grow
+with shuffle buffers, unlike a `tf.train.Checkpoint` of the tf.data iterator; the price is a
+restore time linear in the position within the epoch (see docs/data.md for figures).
+
+Planned epochs: packing makes the number of rows depend on the data and its order, so data
+shards end an epoch after different numbers of batches. When `plan_epochs` is on, each shard
+counts its batches for the epoch (a pass of the same pipeline, run ahead in a background
+thread), the shards agree on the largest count, and a shard that runs out pads with empty
+rows (zero loss weight). Every process then takes the same number of steps per epoch, and a
+step's batches over all shards are exactly one global batch with no example read twice.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import concurrent.futures
+import math
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from t5x_lite.data import FEATURE_CONVERTERS, DataConfig
+from t5x_lite.data import FEATURE_CONVERTERS, DataConfig, get_task
 from t5x_lite.tf_setup import import_tensorflow
 
 
-def epoch_dataset(config: DataConfig, *, epoch: int, host_batch_size: int, shard_index: int,
-                  num_shards: int):
-    """One epoch of this host's shard as a tf.data.Dataset of batched model features."""
+class EmptySplitError(ValueError):
+    """The split yields no examples for any data shard."""
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: independent streams for every (seed, epoch) pair.
+
+    (seed + epoch would make epoch 1 of seed 0 replay epoch 0 of seed 1.)
+    """
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint32)[0] >> 1)
+
+
+class PipelineStats:
+    """Counts of what one epoch's pipeline read: examples, and examples cut to the feature lengths."""
+
+    def __init__(self, features: list[str]):
+        tf = import_tensorflow()
+        self.examples = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.truncated = {k: tf.Variable(0, dtype=tf.int64, trainable=False) for k in features}
+
+    def as_dict(self) -> dict[str, int]:
+        counts = {"examples": int(self.examples.numpy())}
+        counts.update({f"truncated_{k}": int(v.numpy()) for k, v in self.truncated.items()})
+        return counts
+
+
+def _trim_and_count(dataset, lengths: dict[str, int], stats: PipelineStats):
+    """Cuts each feature to its length, counting the examples that were longer."""
+    tf = import_tensorflow()
+
+    def trim(example):
+        stats.examples.assign_add(1)
+        example = dict(example)
+        for key, length in lengths.items():
+            stats.truncated[key].assign_add(tf.cast(tf.size(example[key]) > length, tf.int64))
+            example[key] = example[key][:length]
+        return example
+
+    return dataset.map(trim, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: int,
+               stats: PipelineStats | None = None):
+    """One epoch of one data shard as a tf.data.Dataset of model-feature rows (unbatched)."""
     import seqio
 
     tf = import_tensorflow()
-    dataset = seqio.get_dataset(
-        config.mixture_or_task_name,
-        task_feature_lengths=config.task_feature_lengths(),
-        feature_converter=getattr(seqio, FEATURE_CONVERTERS[config.converter][0])(pack=config.pack),
-        dataset_split=config.split,
+    lengths = config.task_feature_lengths()
+    dataset = get_task(config.mixture_or_task_name).get_dataset(
+        sequence_length=lengths,
+        split=config.split,
         use_cached=config.use_cached,
         shuffle=config.shuffle,
-        num_epochs=1,
+        seed=epoch_seed(config.seed, epoch) if config.shuffle else None,
         shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
-        seed=config.seed + epoch if config.shuffle else None,
-        verbose=False,
+        num_epochs=1,
+        trim_output_features=False,
     )
-    return dataset.batch(host_batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE)
+    dataset = _trim_and_count(dataset, lengths, stats or PipelineStats(list(lengths)))
+    converter = getattr(seqio, FEATURE_CONVERTERS[config.converter][0])(pack=config.pack)
+    return converter(dataset, lengths).prefetch(tf.data.AUTOTUNE)
+
+
+def epoch_dataset(config: DataConfig, *, epoch: int, host_batch_size: int, shard_index: int,
+                  num_shards: int, stats: PipelineStats | None = None):
+    """One epoch of one data shard in batches of `host_batch_size` rows (the last may be short)."""
+    tf = import_tensorflow()
+    rows = epoch_rows(config, epoch=epoch, shard_index=shard_index, num_shards=num_shards, stats=stats)
+    return rows.batch(host_batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE)
+
+
+def count_batches(config: DataConfig, *, epoch: int, host_batch_size: int, shard_index: int,
+                  num_shards: int) -> tuple[int, dict[str, int]]:
+    """(batches in this shard's epoch, the epoch's PipelineStats counts), by one pass."""
+    stats = PipelineStats(list(config.task_feature_lengths()))
+    rows = epoch_rows(config, epoch=epoch, shard_index=shard_index, num_shards=num_shards, stats=stats)
+    num_rows = int(rows.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    return math.ceil(num_rows / host_batch_size), stats.as_dict()
+
+
+def max_over_processes(epoch: int, local_steps: int) -> int:
+    """The largest of every process's step count for `epoch` (a collective when multi-process)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return local_steps
+    from jax.experimental import multihost_utils
+
+    return int(np.max(multihost_utils.process_allgather(np.asarray(local_steps, np.int64))))
 
 
 def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-    """Pads the short final batch of an epoch with all-zero rows (zero loss weight)."""
+    """Pads a short batch with all-zero rows (zero loss weight)."""
     missing = rows - next(iter(batch.values())).shape[0]
     if missing == 0:
         return batch
@@ -42,56 +134,129 @@ def _pad_rows(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
 class BatchIterator:
     """Host-local numpy batches over `num_epochs` epochs (None: forever), checkpointable.
 
-    `epoch` and `batches_in_epoch` are the whole state; `end_of_epoch` is True right after
-    the last batch of an epoch was returned.
+    With `plan_epochs`, every epoch's length in steps is counted before it starts and agreed
+    across data shards with `agree_on_steps(epoch, local_steps)` (default: the maximum over
+    processes); without it, the end of an epoch is found by reading one batch ahead.
+    `end_of_epoch` is True right after the last batch of an epoch was returned.
     """
 
     def __init__(self, config: DataConfig, *, num_epochs: int | None, host_batch_size: int,
-                 shard_index: int = 0, num_shards: int = 1):
+                 shard_index: int = 0, num_shards: int = 1, plan_epochs: bool = False,
+                 agree_on_steps: Callable[[int, int], int] = max_over_processes):
         self.config = config
         self.num_epochs = num_epochs
         self.host_batch_size = host_batch_size
         self.shard_index = shard_index
         self.num_shards = num_shards
+        self.plan_epochs = plan_epochs
+        self._agree_on_steps = agree_on_steps
         self.epoch = 0
         self.batches_in_epoch = 0
         self.end_of_epoch = False
+        self.last_epoch_stats: dict[str, int] = {}
+        self._steps_in_epoch: int | None = None  # the current epoch's agreed length (planned mode)
+        self._counting: dict[int, concurrent.futures.Future] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._it: Iterator[dict[str, np.ndarray]] | None = None
+        self._stats: PipelineStats | None = None
         self._pending: dict[str, np.ndarray] | None = None
+        self._element_spec: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------ planning
+
+    def _count(self, epoch: int) -> tuple[int, dict[str, int]]:
+        return count_batches(self.config, epoch=epoch, host_batch_size=self.host_batch_size,
+                             shard_index=self.shard_index, num_shards=self.num_shards)
+
+    def _count_ahead(self, epoch: int) -> None:
+        if self.num_epochs is not None and epoch >= self.num_epochs:
+            return
+        if epoch not in self._counting:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="count-epoch")
+            self._counting[epoch] = self._executor.submit(self._count, epoch)
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        """The agreed number of steps of `epoch` (counting it if needed; a collective when multi-process)."""
+        future = self._counting.pop(epoch, None)
+        local_steps, _ = future.result() if future is not None else self._count(epoch)
+        steps = self._agree_on_steps(epoch, local_steps)
+        if steps == 0:
+            raise EmptySplitError(
+                f"Split {self.config.split!r} of {self.config.mixture_or_task_name!r} yields no examples "
+                f"(epoch {epoch}, {self.num_shards} data shard(s)); add data or check the task's split.")
+        return steps
+
+    # ------------------------------------------------------------------------------ reading
 
     def _open(self) -> None:
+        self._stats = PipelineStats(list(self.config.task_feature_lengths()))
         dataset = epoch_dataset(self.config, epoch=self.epoch, host_batch_size=self.host_batch_size,
-                                shard_index=self.shard_index, num_shards=self.num_shards)
+                                shard_index=self.shard_index, num_shards=self.num_shards, stats=self._stats)
+        self._element_spec = dataset.element_spec
         self._it = dataset.skip(self.batches_in_epoch).as_numpy_iterator()
-
-    def __iter__(self) -> "BatchIterator":
-        return self
 
     def _fetch(self) -> dict[str, np.ndarray] | None:
         if self._it is None:
             self._open()
         return next(self._it, None)
 
+    def _empty_batch(self) -> dict[str, np.ndarray]:
+        """A batch of all-zero rows shaped like the pipeline's (for a shard that ran out)."""
+        return {k: np.zeros((self.host_batch_size, *spec.shape[1:]), spec.dtype.as_numpy_dtype)
+                for k, spec in self._element_spec.items()}
+
+    def __iter__(self) -> "BatchIterator":
+        return self
+
     def __next__(self) -> dict[str, np.ndarray]:
         if self.num_epochs is not None and self.epoch >= self.num_epochs:
             raise StopIteration
+        return self._next_planned() if self.plan_epochs else self._next_lookahead()
+
+    def _finish_epoch(self) -> None:
+        self.last_epoch_stats = self._stats.as_dict() if self._stats is not None else {}
+        self.epoch, self.batches_in_epoch = self.epoch + 1, 0
+        self._it, self._stats, self._steps_in_epoch = None, None, None
+        self.end_of_epoch = True
+
+    def _next_lookahead(self) -> dict[str, np.ndarray]:
         batch = self._pending if self._pending is not None else self._fetch()
         if batch is None:
-            raise ValueError(
+            raise EmptySplitError(
                 f"Split {self.config.split!r} of {self.config.mixture_or_task_name!r} yields no "
-                f"examples for shard {self.shard_index} of {self.num_shards}; add data or use fewer shards."
-            )
+                f"examples for shard {self.shard_index} of {self.num_shards}; add data or use fewer shards.")
         self.batches_in_epoch += 1
         # Look one batch ahead so the caller learns at once that this batch ended the epoch.
         self._pending = self._fetch()
-        self.end_of_epoch = self._pending is None
-        if self.end_of_epoch:
-            self.epoch, self.batches_in_epoch, self._it = self.epoch + 1, 0, None
+        self.end_of_epoch = False
+        if self._pending is None:
+            self._finish_epoch()
         return _pad_rows(dict(batch), self.host_batch_size)
+
+    def _next_planned(self) -> dict[str, np.ndarray]:
+        if self._steps_in_epoch is None:
+            self._steps_in_epoch = self.steps_in_epoch(self.epoch)
+            self._count_ahead(self.epoch + 1)
+        batch = self._fetch()
+        batch = _pad_rows(dict(batch), self.host_batch_size) if batch is not None else self._empty_batch()
+        self.batches_in_epoch += 1
+        self.end_of_epoch = False
+        if self.batches_in_epoch == self._steps_in_epoch:
+            if self._fetch() is not None:
+                raise RuntimeError(
+                    f"Shard {self.shard_index} of {self.num_shards} has more than the {self._steps_in_epoch} "
+                    f"batches counted for epoch {self.epoch}: the input pipeline is not deterministic "
+                    "(a preprocessor without seqio's seeded random ops?).")
+            self._finish_epoch()
+        return batch
+
+    # ------------------------------------------------------------------------------ state
 
     def get_state(self) -> dict[str, Any]:
         """A small JSON-able state: restoring it resumes the exact same stream."""
         return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
+                "steps_in_epoch": self._steps_in_epoch,
                 "shard_index": self.shard_index, "num_shards": self.num_shards}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -101,4 +266,14 @@ class BatchIterator:
                 f"but this process reads shard {self.shard_index} of {self.num_shards}."
             )
         self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
-        self.end_of_epoch, self._it, self._pending = False, None, None
+        saved_steps = state.get("steps_in_epoch")
+        self._steps_in_epoch = int(saved_steps) if self.plan_epochs and saved_steps else None
+        if self.plan_epochs and self._steps_in_epoch is not None:
+            self._count_ahead(self.epoch + 1)
+        self.end_of_epoch, self._it, self._stats, self._pending = False, None, None, None
+
+    def close(self) -> None:
+        """Stops counting ahead (a pending count finishes in the background)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None

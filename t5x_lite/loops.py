@@ -21,6 +21,7 @@ import numpy as np
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
 from t5x_lite import decoding, input_pipeline, metrics, partitioning
+from t5x_lite.periods import parse_period
 from t5x_lite import trainer as trainer_lib
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.optim import OptimizerConfig
@@ -109,17 +110,24 @@ def _write_config(model_dir: str, config_text: str, vocabulary_file: str | None)
 
 def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
              max_batches: int | None = None) -> dict[str, float]:
-    """Mean per-token cross entropy and perplexity over the split (or its first max_batches)."""
-    host_batch = config.batch_size // jax.process_count()
+    """Mean per-token cross entropy and perplexity over the split (or its first max_batches).
+
+    One deterministic pass: no shuffle, the last partial batch padded with zero-weight rows,
+    so the result does not depend on the batch size.
+    """
+    shard, num_shards, host_batch = partitioning.process_data_shard(trainer.batch_sharding, config.batch_size)
     iterator = input_pipeline.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
-                                      shard_index=jax.process_index(), num_shards=jax.process_count())
+                                            shard_index=shard, num_shards=num_shards, plan_epochs=num_shards > 1)
     totals = {"loss_sum": 0.0, "weight_sum": 0.0}
-    for i, batch in enumerate(iterator):
-        if max_batches is not None and i >= max_batches:
-            break
-        sums = trainer.eval_step(params, partitioning.host_batch_to_global(batch, trainer.batch_sharding))
-        for k in totals:
-            totals[k] += float(sums[k])
+    try:
+        for i, batch in enumerate(iterator):
+            if max_batches is not None and i >= max_batches:
+                break
+            sums = trainer.eval_step(params, partitioning.host_batch_to_global(batch, trainer.batch_sharding))
+            for k in totals:
+                totals[k] += float(sums[k])
+    finally:
+        iterator.close()
     if totals["weight_sum"] == 0:
         raise RunConfigError(f"The {config.split} split of {config.mixture_or_task_name!r} is empty; "
                              "prepare it with a validation fraction > 0.")
@@ -127,21 +135,16 @@ def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataCon
     return {"loss": loss, "perplexity": metrics.perplexity(loss), "tokens": totals["weight_sum"]}
 
 
-def _build_epoch0_pipeline(cfg: data_lib.DataConfig, host_batch_size: int):
-    """Epoch 0's input pipeline, built (reading nothing) so a preprocessor's complaint about the
-    lengths or the data stops the run before anything is written."""
+def _check_pipeline_builds(cfg: data_lib.DataConfig, *, shard_index: int, num_shards: int) -> None:
+    """Builds epoch 0's input pipeline (reading nothing) so that a preprocessor's complaint about
+    the lengths or the data stops the run before anything is written."""
     try:
-        return input_pipeline.epoch_dataset(cfg, epoch=0, host_batch_size=host_batch_size,
-                                      shard_index=jax.process_index(), num_shards=jax.process_count())
+        input_pipeline.epoch_rows(cfg, epoch=0, shard_index=shard_index, num_shards=num_shards)
     except ValueError as e:
         raise RunConfigError(
             f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
             "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
         ) from None
-
-
-def _count_batches(dataset) -> int:
-    return int(dataset.reduce(0, lambda n, _: n + 1).numpy())
 
 
 def train(
@@ -157,9 +160,9 @@ def train(
     train_steps: int | None = None,
     num_epochs: int | None = None,
     microbatches: int = 1,
-    eval_period: int = 0,
+    eval_period: int | str = 0,
     eval_batches: int | None = None,
-    checkpoint_period: int = 0,
+    checkpoint_period: int | str = 0,
     keep_checkpoints: int = 3,
     log_period: int = 10,
     seed: int = 0,
@@ -184,9 +187,10 @@ def train(
       train_steps: stop after this many optimizer steps (None: no step limit).
       num_epochs: stop at the end of this many passes over the train split (None: no limit).
       microbatches: split each batch into this many microbatches and accumulate gradients.
-      eval_period: evaluate every this many steps (0: only at the end).
+      eval_period: evaluate every this many steps (500 or '500 steps') or epochs ('1 epoch');
+        0: only at the end.
       eval_batches: evaluate on at most this many batches (None: the whole split).
-      checkpoint_period: save every this many steps (0: only at the end).
+      checkpoint_period: save every this many steps or epochs (as eval_period); 0: only at the end.
       keep_checkpoints: how many recent checkpoints to keep.
       log_period: steps between metric reports (each report syncs with the device).
       seed: seeds parameter init and dropout (the data seed is train_data.seed).
@@ -200,6 +204,8 @@ def train(
     if task_module:
         import_task_module(task_module)
     model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    eval_every = parse_period(eval_period, name="train.eval_period")
+    checkpoint_every = parse_period(checkpoint_period, name="train.checkpoint_period")
     train_data = train_data.for_model_family(model.family)
     eval_data = eval_data and eval_data.for_model_family(model.family)
     mesh = partitioning.make_mesh(axes=mesh_axes)
@@ -218,19 +224,22 @@ def train(
     if saved_metadata is not None:
         checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
 
-    host_batch = train_data.batch_size // jax.process_count()
-    train_epoch0 = _build_epoch0_pipeline(train_data, host_batch)
-    if eval_data is not None:
-        _build_epoch0_pipeline(eval_data, host_batch)
-    steps_per_epoch = _count_batches(train_epoch0) if num_epochs else None
-    total_steps = min(s for s in (train_steps, steps_per_epoch and steps_per_epoch * num_epochs) if s)
+    shard, num_shards, host_batch = partitioning.process_data_shard(
+        partitioning.batch_sharding(mesh, logical_axis_rules), train_data.batch_size)
+    for cfg in filter(None, (train_data, eval_data)):
+        _check_pipeline_builds(cfg, shard_index=shard, num_shards=num_shards)
+    # Epochs are planned (counted up front, equal on every data shard) whenever their
+    # boundaries matter: an epoch limit, epoch periods, or several shards that must stop together.
+    plan_epochs = bool(num_epochs) or eval_every.in_epochs or checkpoint_every.in_epochs or num_shards > 1
+    iterator = input_pipeline.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
+                                            shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
+    steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
+    total_steps = min(s for s in (train_steps, num_epochs and steps_per_epoch * num_epochs) if s)
     tx = optimizer.build(total_steps)
     trainer = trainer_lib.Trainer(
         model=model.make_module(), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
         mesh=mesh, rules=logical_axis_rules, loss_config=loss, microbatches=microbatches,
     )
-    iterator = input_pipeline.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
-                                      shard_index=jax.process_index(), num_shards=jax.process_count())
     example = {k: np.zeros(shape, np.int32) for k, shape in train_data.model_feature_shapes(train_data.batch_size).items()}
     abstract_state = trainer.abstract_state(example)
 
@@ -246,7 +255,8 @@ def train(
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
     if steps_per_epoch:
         writer.print(f"data: {steps_per_epoch} steps per epoch of {train_data.mixture_or_task_name!r} "
-                     f"(counted on epoch 0), {num_epochs} epoch(s)")
+                     f"(epoch 0, counted; later epochs are counted as they start), "
+                     f"{num_epochs or 'unlimited'} epoch(s), {num_shards} data shard(s) of {host_batch} rows")
 
     if latest is not None:
         writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
@@ -264,6 +274,7 @@ def train(
                                             inputs_length=train_data.inputs_length)
     last_train: dict[str, float] = {}
     last_eval: dict[str, float] = {}
+    evaluated_at = None
     window: list[dict[str, jax.Array]] = []
     window_start = time.perf_counter()
     last_saved = latest
@@ -295,6 +306,8 @@ def train(
         writer.scalars("eval", step, result)
         writer.print(f"step {step}: validation loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} "
                      f"({int(result['tokens'])} tokens)")
+        nonlocal evaluated_at
+        evaluated_at = step
         return result
 
     try:
@@ -314,14 +327,16 @@ def train(
             if step % log_period == 0 or step == train_steps:
                 report()
             if iterator.end_of_epoch:
-                writer.print(f"epoch {iterator.epoch} finished at step {step}")
-            if eval_data is not None and eval_period and step % eval_period == 0:
+                writer.print(f"epoch {iterator.epoch} finished at step {step}: "
+                             + describe_epoch_stats(iterator.last_epoch_stats))
+            when = dict(step=step, epochs_finished=iterator.epoch, end_of_epoch=iterator.end_of_epoch)
+            if eval_data is not None and eval_every.due(**when):
                 last_eval = run_eval()
-            if checkpoint_period and step % checkpoint_period == 0:
+            if checkpoint_every.due(**when):
                 save()
         if window:
             report()
-        if eval_data is not None and (not eval_period or step % eval_period):
+        if eval_data is not None and evaluated_at != step:
             last_eval = run_eval()
         if last_saved != step:
             save()
@@ -334,10 +349,20 @@ def train(
                                max_new_tokens=sample_max_new_tokens, seed=seed)
             writer.print(f"sample:\n{sample_prompt}{text}")
     finally:
+        iterator.close()
         checkpoints.close()
         writer.close()
     return {**{f"train/{k}": v for k, v in last_train.items()},
             **{f"eval/{k}": v for k, v in last_eval.items()}, "step": step}
+
+
+def describe_epoch_stats(stats: dict[str, int]) -> str:
+    """'N examples' plus, when any, how many were cut to the feature lengths."""
+    text = f"{stats.get('examples', 0):,} examples read"
+    cut = {k[len("truncated_"):]: v for k, v in stats.items() if k.startswith("truncated_") and v}
+    if cut:
+        text += ", truncated to the feature length: " + ", ".join(f"{n:,} {k}" for k, n in cut.items())
+    return text
 
 
 # (label on the progress bar, key of the train metrics), in display order.

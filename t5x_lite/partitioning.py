@@ -160,3 +160,28 @@ def num_batch_shards(mesh: Mesh, rules: LogicalRules) -> int:
 def host_batch_to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
     """Turns this process's slice of the batch into global arrays sharded over the mesh."""
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def data_shard_from_rows(process_rows: Mapping[int, tuple[int, int]], process_index: int) -> tuple[int, int]:
+    """(this process's data shard, number of data shards) from each process's [start, stop) rows.
+
+    Processes that hold the same rows of the global batch (a mesh whose batch axes do not span
+    every process) read the same data, so they form one shard; shards are numbered by row.
+    """
+    blocks = sorted(set(process_rows.values()))
+    sizes = {stop - start for start, stop in blocks}
+    if len(sizes) != 1 or any(a[1] > b[0] for a, b in zip(blocks, blocks[1:])):
+        raise ValueError(f"Processes hold uneven or overlapping rows of the batch: {dict(process_rows)}; "
+                         "choose mesh axes whose batch axes split evenly over the processes.")
+    return blocks.index(process_rows[process_index]), len(blocks)
+
+
+def process_data_shard(sharding: NamedSharding, global_rows: int) -> tuple[int, int, int]:
+    """(data shard index, number of data shards, rows per process) of this process for a batch."""
+    rows: dict[int, list[int]] = {}
+    for device, index in sharding.devices_indices_map((global_rows, 1)).items():
+        start, stop, _ = index[0].indices(global_rows)
+        rows.setdefault(device.process_index, []).extend((start, stop))
+    process_rows = {p: (min(r), max(r)) for p, r in rows.items()}
+    shard, num_shards = data_shard_from_rows(process_rows, jax.process_index())
+    return shard, num_shards, global_rows // num_shards

@@ -79,15 +79,20 @@ def test_eight_devices_match_one(data_dir, tmp_path):
 
 
 def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_path):
+    """An epoch limit with eval and checkpoint periods given in epochs."""
     import re
 
     result = train(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=None", "--gin.NUM_EPOCHS=2",
-                   "--gin.train.log_period=1000")
+                   "--gin.train.log_period=1000", "--gin.train.eval_period='1 epoch'",
+                   "--gin.train.checkpoint_period='1 epoch'", "--gin.train.eval_batches=2")
     assert result.returncode == 0, result.stderr[-3000:]
     per_epoch = int(re.search(r"data: (\d+) steps per epoch", result.stdout).group(1))
-    assert f"epoch 1 finished at step {per_epoch}\n" in result.stdout
-    assert f"epoch 2 finished at step {2 * per_epoch}\n" in result.stdout
-    assert (tmp_path / "run" / "checkpoints" / str(2 * per_epoch)).is_dir()
+    ends = [int(m) for m in re.findall(r"epoch \d finished at step (\d+): [\d,]+ examples read", result.stdout)]
+    assert ends[0] == per_epoch and len(ends) == 2
+    evals = [int(m) for m in re.findall(r"step (\d+): validation loss", result.stdout)]
+    assert evals == ends, "one evaluation at the end of each epoch, none more"
+    saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == ends
 
 
 def test_user_task_module_and_search_paths(data_dir, tmp_path):
