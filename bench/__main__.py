@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import common, compile_time, gpu_decoders, matmul_peak, remat_memory, throughput
+from bench import common, compile_time, gpu_decoders, input_pipeline, matmul_peak, remat_memory, throughput
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
-              "throughput": throughput, "gpu_decoders": gpu_decoders}
-CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput")
+              "throughput": throughput, "gpu_decoders": gpu_decoders, "input_pipeline": input_pipeline}
+CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "input_pipeline")
 
 
 def parser() -> argparse.ArgumentParser:

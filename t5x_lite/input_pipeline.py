@@ -36,6 +36,10 @@ class EmptySplitError(ValueError):
     """The split yields no examples for any data shard."""
 
 
+class MissingSplitError(ValueError):
+    """The task or mixture has no such split."""
+
+
 def epoch_seed(seed: int, epoch: int) -> int:
     """The shuffle seed of one epoch: independent streams for every (seed, epoch) pair.
 
@@ -80,7 +84,12 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
 
     tf = import_tensorflow()
     lengths = config.task_feature_lengths()
-    dataset = get_task(config.mixture_or_task_name).get_dataset(
+    provider = get_task(config.mixture_or_task_name)
+    if config.split not in provider.splits:
+        raise MissingSplitError(
+            f"{config.mixture_or_task_name!r} has no split {config.split!r}; its splits are "
+            f"{sorted(provider.splits)}. Set DataConfig.split (train/DataConfig.split or eval/DataConfig.split).")
+    dataset = provider.get_dataset(
         sequence_length=lengths,
         split=config.split,
         use_cached=config.use_cached,

@@ -140,6 +140,8 @@ def _check_pipeline_builds(cfg: data_lib.DataConfig, *, shard_index: int, num_sh
     the lengths or the data stops the run before anything is written."""
     try:
         input_pipeline.epoch_rows(cfg, epoch=0, shard_index=shard_index, num_shards=num_shards)
+    except input_pipeline.MissingSplitError as e:
+        raise RunConfigError(str(e)) from None
     except ValueError as e:
         raise RunConfigError(
             f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"

@@ -82,3 +82,15 @@ def test_unknown_cli_command():
     result = run_cli("trian")
     assert result.returncode == 2
     assert "unknown command 'trian'" in result.stderr
+
+
+def test_missing_split_lists_the_splits(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.eval/DataConfig.split='test'")
+    assert_bad_input(result, "no split 'test'", "['train', 'validation']", "eval/DataConfig.split")
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_period_names_the_flag(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.train.eval_period='each epoch'")
+    assert_bad_input(result, "train.eval_period='each epoch'", "'1 epoch'")
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,161 @@
+"""input_pipeline: prepare MB/s, packed-batch tokens/s vs. the train step's, epoch counting, iterator state.
+
+1. `prepare`: the Python standard library's source (or, with --quick, its json and email
+   packages) tokenized into TFRecords with all cores; MB/s of raw text for the whole command
+   (vocabulary training included) and for tokenizing + writing alone.
+2. Pipeline: `BatchIterator` over that data (LM task, packed rows of --seq_len, --batch_size
+   rows), timed over --batches batches after the first; tokens/s counts every row position.
+   The train step's consumption is `Trainer.train_step` of the quickstart's tiny decoder and
+   of the throughput benchmark's d512 decoder at the same batch shape (the fastest and a
+   typical consumer); the ratio is pipeline tokens/s over step tokens/s.
+3. Planned epochs: the time of the counting pass of one epoch, next to reading the epoch.
+4. Iterator checkpoint: the state's size as JSON, and the time of `set_state` + the first
+   batch at several positions (restore rebuilds the epoch and skips what was taken).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from bench import common
+
+DEFAULTS = {"seq_len": 256, "batch_size": 16, "batches": 200, "step_batches": 5,
+            "restore_positions": "0,100,400,800"}
+QUICK = {"batches": 20, "step_batches": 2, "restore_positions": "0,10,40"}
+
+
+def add_arguments(parser) -> None:
+    for key in ("seq_len", "batch_size", "batches", "step_batches"):
+        parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
+    parser.add_argument("--restore_positions", help=f"batches taken before restoring (default {DEFAULTS['restore_positions']})")
+    parser.add_argument("--data_dir", help="a prepared directory to read instead of preparing one")
+
+
+def prepare_corpus(out_dir: str, quick: bool) -> dict:
+    import sysconfig
+
+    from t5x_lite import prepare
+
+    stdlib = sysconfig.get_paths()["stdlib"]
+    inputs = [os.path.join(stdlib, "json"), os.path.join(stdlib, "email")] if quick else [prepare.PYTHON_STDLIB]
+    return prepare.prepare(inputs=inputs, out_dir=out_dir, vocab_size=1024 if quick else 4096, num_shards=4,
+                           log=lambda _: None)
+
+
+def iterator_for(task: str, s: dict, **kwargs):
+    from t5x_lite import data, input_pipeline
+
+    config = data.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
+    return input_pipeline.BatchIterator(config, num_epochs=None, host_batch_size=s["batch_size"], **kwargs)
+
+
+def pipeline_tokens_per_second(task: str, s: dict) -> tuple[float, float]:
+    """(tokens/s over all row positions, fraction of positions holding real tokens)."""
+    iterator = iterator_for(task, s)
+    next(iterator)  # the pipeline's start-up is not throughput
+    batches, seconds = common.timed(lambda: [next(iterator) for _ in range(s["batches"])])
+    real = float(np.mean([b["decoder_loss_weights"].mean() for b in batches]))
+    return s["batches"] * s["batch_size"] * s["seq_len"] / seconds, real
+
+
+def step_tokens_per_second(model_config, s: dict) -> float:
+    import jax
+
+    from t5x_lite import partitioning
+
+    trainer = common.make_trainer(model_config)
+    batch = common.make_batch(model_config, batch=s["batch_size"], length=s["seq_len"], packed_segments=4)
+    global_batch = partitioning.host_batch_to_global(batch, trainer.batch_sharding)
+    state = trainer.init_state(jax.random.PRNGKey(0), batch)
+    rng = jax.random.PRNGKey(1)
+    state, metrics = trainer.train_step(state, global_batch, rng)  # compile
+    jax.block_until_ready(metrics)
+
+    def steps():
+        nonlocal state, metrics
+        for _ in range(s["step_batches"]):
+            state, metrics = trainer.train_step(state, global_batch, rng)
+        jax.block_until_ready(metrics)
+
+    _, seconds = common.timed(steps)
+    return s["step_batches"] * s["batch_size"] * s["seq_len"] / seconds
+
+
+def models(vocab_size: int, seq_len: int, quick: bool):
+    from t5x_lite.models.decoder_only import DecoderConfig
+
+    tiny = DecoderConfig(vocab_size=vocab_size, emb_dim=128, num_heads=4, num_kv_heads=4, head_dim=32,
+                         mlp_dim=512, num_layers=4, max_len=seq_len)
+    d512 = DecoderConfig(vocab_size=vocab_size, emb_dim=512, num_heads=8, num_kv_heads=8, head_dim=64,
+                         mlp_dim=1408, num_layers=4, max_len=seq_len)
+    return {"tiny decoder (quickstart)": tiny} if quick else {"tiny decoder (quickstart)": tiny,
+                                                              "d512 4-layer decoder (throughput bench)": d512}
+
+
+def restore_times(task: str, s: dict) -> list[tuple[int, float, int]]:
+    """(position, seconds for set_state + first batch, state bytes) at each position."""
+    out = []
+    for position in common.ints(s["restore_positions"]):
+        first = iterator_for(task, s)
+        for _ in range(position):
+            next(first)
+        state = first.get_state()
+        resumed = iterator_for(task, s)
+        _, seconds = common.timed(lambda: (resumed.set_state(state), next(resumed)))
+        out.append((position, seconds, len(json.dumps(state))))
+    return out
+
+
+def run(args, command: str) -> dict:
+    from t5x_lite import config as config_lib
+    from t5x_lite import data, input_pipeline
+
+    s = common.resolve(args, DEFAULTS, QUICK)
+    print(common.header(command))
+    print(common.settings_line(s))
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data_dir
+        if data_dir is None:
+            data_dir = os.path.join(tmp, "data")
+            common.progress("preparing the corpus")
+            result = prepare_corpus(data_dir, args.quick)
+            print("\nprepare (all cores):\n")
+            print(common.table(["input", "MB", "whole command MB/s", "tokenize + write MB/s", "seconds"], [[
+                "python stdlib json+email" if args.quick else "python stdlib", f"{result['input_mb']:.1f}",
+                f"{result['input_mb'] / result['seconds']:.2f}", f"{result['tokenize_mb_per_s']:.2f}",
+                f"{result['seconds']:.1f}"]]))
+        task = config_lib.lm_task(name="bench_input_pipeline", data_dir=data_dir)
+        vocab_size = data.vocabulary_size(data.DataConfig(task))
+
+        common.progress("timing the input pipeline")
+        pipeline_tps, real_fraction = pipeline_tokens_per_second(task, s)
+        rows = []
+        for name, model_config in models(-(-vocab_size // 128) * 128, s["seq_len"], args.quick).items():
+            common.progress(f"timing train steps of the {name}")
+            step_tps = step_tokens_per_second(model_config, s)
+            rows.append([name, f"{step_tps:,.0f}", f"{pipeline_tps:,.0f}", f"{pipeline_tps / step_tps:.1f}x"])
+        print(f"\npipeline vs. train step ({s['batch_size']} x {s['seq_len']} packed rows, "
+              f"{100 * real_fraction:.1f}% of positions hold tokens):\n")
+        print(common.table(["consumer", "step tokens/s", "pipeline tokens/s", "pipeline / step"], rows))
+
+        common.progress("timing an epoch: counting pass and reading")
+        cfg = data.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
+        (steps, stats), count_seconds = common.timed(lambda: input_pipeline.count_batches(
+            cfg, epoch=0, host_batch_size=s["batch_size"], shard_index=0, num_shards=1))
+        dataset = input_pipeline.epoch_dataset(cfg, epoch=0, host_batch_size=s["batch_size"], shard_index=0,
+                                               num_shards=1)
+        _, read_seconds = common.timed(lambda: sum(1 for _ in dataset.as_numpy_iterator()))
+        print("\nplanned epochs: counting pass vs. reading the same epoch:\n")
+        print(common.table(["epoch batches", "examples", "count pass s", "read epoch s"],
+                           [[steps, stats["examples"], f"{count_seconds:.2f}", f"{read_seconds:.2f}"]]))
+
+        common.progress("timing iterator restores")
+        restores = restore_times(task, s)
+        print("\niterator checkpoint: state size and restore time (set_state + first batch):\n")
+        print(common.table(["position (batches)", "state bytes (JSON)", "restore s"],
+                           [[p, b, f"{t:.2f}"] for p, t, b in restores]))
+    return {"pipeline_tokens_per_second": pipeline_tps}
