@@ -1,6 +1,7 @@
 """The `t5x-lite` command: one entry point for every job.
 
     t5x-lite prepare --input=PATH --out=DIR      text/jsonl -> SentencePiece vocab + TFRecords
+    t5x-lite cache --gin_file=FILE --output_cache_dir=DIR   preprocess tasks offline (Apache Beam)
     t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
 """
@@ -13,6 +14,7 @@ from typing import Sequence
 
 COMMANDS = {
     "prepare": ("t5x_lite.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
+    "cache": ("t5x_lite.cache_tasks", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
 }

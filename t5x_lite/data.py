@@ -17,11 +17,18 @@ class DataConfig:
     Attributes:
       mixture_or_task_name: a registered seqio task or mixture.
       split: dataset split, for example 'train' or 'validation'.
-      sequence_length: length of each packed row of targets.
-      inputs_length: length of each packed row of inputs (encoder-decoder only).
-      feature_converter: 'lm' (seqio.LMFeatureConverter, for decoder-only models) or
-        'enc_dec' (seqio.EncDecFeatureConverter, for encoder-decoders); None picks the one
-        the model family needs.
+      sequence_length: length of each packed row the decoder reads. For 'prefix_lm' that row
+        holds prefixes (inputs) and targets together.
+      inputs_length: 'enc_dec': length of each packed row of inputs (the encoder's).
+        'prefix_lm': how many of the sequence_length positions the inputs may take (None:
+        half); the targets get the rest, so seqio's lengths are {'inputs': inputs_length,
+        'targets': sequence_length - inputs_length} and the decoder row is their sum.
+        'lm': unused.
+      feature_converter: 'lm' (seqio.LMFeatureConverter) or 'prefix_lm'
+        (seqio.PrefixLMFeatureConverter: inputs and targets concatenated, loss on the targets,
+        the prefix attended bidirectionally) for decoder-only models; 'enc_dec'
+        (seqio.EncDecFeatureConverter) for encoder-decoders. None picks the family's default
+        ('lm' or 'enc_dec').
       batch_size: global batch size (rows per step over all processes).
       shuffle: shuffle files and examples (with a per-epoch seed).
       pack: pack several examples into each row (segment ids keep them apart).
@@ -47,21 +54,35 @@ class DataConfig:
         if self.feature_converter == "enc_dec" and not self.inputs_length:
             raise ConfigValueError("feature_converter='enc_dec' needs DataConfig.inputs_length (the encoder's "
                              "length); set --gin.INPUTS_LENGTH=... .")
+        if self.feature_converter == "prefix_lm" and not 0 < self.prefix_length < self.sequence_length:
+            raise ConfigValueError(
+                f"feature_converter='prefix_lm' gives {self.prefix_length} of each row's "
+                f"sequence_length={self.sequence_length} positions to the inputs and the rest to the targets; "
+                f"both need some: set --gin.INPUTS_LENGTH between 1 and {self.sequence_length - 1} "
+                "(or None for half).")
 
     def for_model_family(self, family: str) -> "DataConfig":
-        """This config with the feature converter `family` needs filled in (or checked)."""
-        wanted = next(name for name, (_, feeds) in FEATURE_CONVERTERS.items() if feeds == family)
-        if self.feature_converter not in (None, wanted):
+        """This config with the feature converter `family` needs filled in (the family's first), or checked."""
+        allowed = [name for name, (_, feeds) in FEATURE_CONVERTERS.items() if feeds == family]
+        if self.feature_converter not in (None, *allowed):
             raise ConfigValueError(f"The {family} model cannot read {self.split} batches from the "
                              f"{self.feature_converter!r} feature converter; set DataConfig.feature_converter "
-                             f"to {wanted!r} (or None).")
-        return dataclasses.replace(self, feature_converter=wanted)
+                             f"to {' or '.join(map(repr, allowed))} (or None for {allowed[0]!r}).")
+        return dataclasses.replace(self, feature_converter=self.feature_converter or allowed[0])
 
     @property
     def converter(self) -> str:
         return self.feature_converter or "lm"
 
+    @property
+    def prefix_length(self) -> int:
+        """'prefix_lm': the positions of a decoder row the inputs may take."""
+        return self.sequence_length // 2 if self.inputs_length is None else self.inputs_length
+
     def task_feature_lengths(self) -> dict[str, int]:
+        """The lengths seqio's task and feature converter are given, by task feature."""
+        if self.converter == "prefix_lm":
+            return {"inputs": self.prefix_length, "targets": self.sequence_length - self.prefix_length}
         lengths = {"targets": self.sequence_length}
         if self.converter == "enc_dec":
             lengths["inputs"] = self.inputs_length
@@ -72,12 +93,16 @@ class DataConfig:
         shapes = {"decoder_input_tokens": (rows, self.sequence_length)}
         if self.converter == "enc_dec":
             shapes["encoder_input_tokens"] = (rows, self.inputs_length)
+        if self.converter == "prefix_lm":
+            shapes["decoder_causal_attention"] = (rows, self.sequence_length)
         return shapes
 
 
-# Name -> (seqio feature converter class name, the model family it feeds).
+# Name -> (seqio feature converter class name, the model family it feeds); a family's first
+# converter is its default.
 FEATURE_CONVERTERS = {
     "lm": ("LMFeatureConverter", "decoder_only"),
+    "prefix_lm": ("PrefixLMFeatureConverter", "decoder_only"),
     "enc_dec": ("EncDecFeatureConverter", "encoder_decoder"),
 }
 

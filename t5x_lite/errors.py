@@ -12,22 +12,17 @@ class ConfigValueError(ValueError):
     """A configured value is invalid (an unknown choice, sizes that do not fit together)."""
 
 
+class TaskDataError(ValueError):
+    """A task's data is missing, empty or malformed (raised by the task modules in tasks/)."""
+
+
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
-    from t5x_lite import checkpoint, config, loops
+    from t5x_lite import cache_tasks, checkpoint, config, input_pipeline, loops, prepare, storage
 
-    types: list[type[BaseException]] = [config.ConfigError, loops.RunConfigError,
-                                        checkpoint.CheckpointMismatchError, ConfigValueError]
-    try:
-        from tasks import lm
-
-        types.append(lm.TaskDataError)
-    except ImportError:
-        pass
-    from t5x_lite import prepare
-
-    types.append(prepare.PrepareError)
-    return tuple(types)
+    return (config.ConfigError, loops.RunConfigError, checkpoint.CheckpointMismatchError, ConfigValueError,
+            TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
+            input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,9 @@ step's batches over all shards are exactly one global batch with no example read
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
+import re
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -38,6 +40,27 @@ class EmptySplitError(ValueError):
 
 class MissingSplitError(ValueError):
     """The task or mixture has no such split."""
+
+
+class DataReadError(ValueError):
+    """Reading the data failed (a malformed record, an unreadable file); the message says where."""
+
+
+@contextlib.contextmanager
+def _reading(config: DataConfig):
+    """Turns TensorFlow's errors from reading records into a DataReadError naming the split."""
+    tf = import_tensorflow()
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.DataLossError) as e:
+        raise DataReadError(f"Reading split {config.split!r} of {config.mixture_or_task_name!r} failed: "
+                            f"{root_message(e.message)}") from None
+
+
+def root_message(text: str) -> str:
+    """The Python error inside a TensorFlow error message (a py_func's traceback), else its first line."""
+    raised = re.findall(r"^[\w.]*(?:Error|Exception): (.+)$", text, flags=re.MULTILINE)
+    return raised[-1].strip() if raised else text.strip().splitlines()[0]
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -94,7 +117,9 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
         split=config.split,
         use_cached=config.use_cached,
         shuffle=config.shuffle,
-        seed=epoch_seed(config.seed, epoch) if config.shuffle else None,
+        # Seeded even unshuffled: random preprocessors (span corruption, prefix split points)
+        # then draw the same way on every pass, so evaluations repeat exactly.
+        seed=epoch_seed(config.seed, epoch),
         shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
         num_epochs=1,
         trim_output_features=False,
@@ -115,9 +140,13 @@ def epoch_dataset(config: DataConfig, *, epoch: int, host_batch_size: int, shard
 def count_batches(config: DataConfig, *, epoch: int, host_batch_size: int, shard_index: int,
                   num_shards: int) -> tuple[int, dict[str, int]]:
     """(batches in this shard's epoch, the epoch's PipelineStats counts), by one pass."""
+    tf = import_tensorflow()
     stats = PipelineStats(list(config.task_feature_lengths()))
     rows = epoch_rows(config, epoch=epoch, shard_index=shard_index, num_shards=num_shards, stats=stats)
-    num_rows = int(rows.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    # Counted in large batches: a reduce step per row costs more than building the rows.
+    with _reading(config):
+        num_rows = int(rows.batch(1024).reduce(np.int64(0), lambda n, b: n + tf.shape(
+            next(iter(b.values())), out_type=tf.int64)[0]).numpy())
     return math.ceil(num_rows / host_batch_size), stats.as_dict()
 
 
@@ -208,7 +237,8 @@ class BatchIterator:
     def _fetch(self) -> dict[str, np.ndarray] | None:
         if self._it is None:
             self._open()
-        return next(self._it, None)
+        with _reading(self.config):
+            return next(self._it, None)
 
     def _empty_batch(self) -> dict[str, np.ndarray]:
         """A batch of all-zero rows shaped like the pipeline's (for a shard that ran out)."""

@@ -9,7 +9,6 @@ import importlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from typing import Any, Sequence
@@ -20,7 +19,8 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import decoding, input_pipeline, metrics, partitioning
+from t5x_lite import decoding, input_pipeline, metrics, partitioning, storage
+from t5x_lite.errors import TaskDataError
 from t5x_lite.periods import parse_period
 from t5x_lite import trainer as trainer_lib
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
@@ -105,7 +105,7 @@ def _write_config(model_dir: str, config_text: str, vocabulary_file: str | None)
     os.replace(tmp, os.path.join(model_dir, "config.gin"))
     if vocabulary_file:
         os.makedirs(os.path.join(model_dir, "vocab"), exist_ok=True)
-        shutil.copyfile(vocabulary_file, os.path.join(model_dir, "vocab", "spm.model"))
+        storage.copy(vocabulary_file, os.path.join(model_dir, "vocab", "spm.model"))
 
 
 def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
@@ -140,7 +140,7 @@ def _check_pipeline_builds(cfg: data_lib.DataConfig, *, shard_index: int, num_sh
     the lengths or the data stops the run before anything is written."""
     try:
         input_pipeline.epoch_rows(cfg, epoch=0, shard_index=shard_index, num_shards=num_shards)
-    except input_pipeline.MissingSplitError as e:
+    except (input_pipeline.MissingSplitError, TaskDataError) as e:
         raise RunConfigError(str(e)) from None
     except ValueError as e:
         raise RunConfigError(

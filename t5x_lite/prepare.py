@@ -7,6 +7,9 @@
   validation-SSSSS-of-NNNNN.tfrecord
   metadata.json                        written last: splits, counts, vocabulary size, seed
 
+DATA_DIR may also be gs://BUCKET/PREFIX or s3://BUCKET/PREFIX: the dataset is prepared in a
+local temporary directory, then uploaded (metadata.json last).
+
 Documents are whole files, or one per line of `.jsonl`/`.jsonl.gz` files. Each document's text is
 kept exactly (newlines, indentation, tabs), so the vocabulary suits source code as well as prose.
 """
@@ -26,11 +29,13 @@ import multiprocessing
 import os
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
+from t5x_lite import storage
 from t5x_lite.tf_setup import import_tensorflow
 
 PYTHON_STDLIB = "python_stdlib"
@@ -485,12 +490,17 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> None:
                            "Choose another --out, or pass --overwrite to replace it.")
 
 
+def _is_output(name: str) -> bool:
+    """Whether file `name` is the metadata or a shard of a prepared directory."""
+    return name == METADATA_FILE or any(fnmatch.fnmatch(name, f"{split}-*-of-*.tfrecord*")
+                                        for split in _SPLITS)
+
+
 def _clear_outputs(out_dir: str) -> None:
     """Removes the metadata and shards of an earlier (possibly interrupted) run in `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     for name in sorted(os.listdir(out_dir)):  # metadata.json sorts before the shards
-        if name == METADATA_FILE or any(fnmatch.fnmatch(name, f"{split}-*-of-*.tfrecord*")
-                                        for split in _SPLITS):
+        if _is_output(name):
             os.remove(os.path.join(out_dir, name))
 
 
@@ -540,7 +550,10 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     validation min(num_shards, its documents). Outputs are identical for the same inputs and
     seed, whatever `num_workers` (the vocabulary trainer always uses VOCAB_TRAINER_THREADS).
     Returns the metadata in `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
+    A gs:// or s3:// `out_dir` is prepared locally first, then uploaded (`prepare_remote`).
     """
+    if storage.is_url(out_dir):
+        return prepare_remote(**locals())  # the arguments, as given
     start = time.perf_counter()
     num_workers = _default_num_workers() if num_workers is None else num_workers
     _check_options(vocab_size=vocab_size, num_shards=num_shards, num_workers=num_workers,
@@ -595,11 +608,38 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     return result
 
 
+def prepare_remote(*, out_dir: str, overwrite: bool = False,
+                   log: Callable[[str], None] = print, **options) -> dict:
+    """`prepare` into a local temporary directory, then upload it to a gs:// or s3:// `out_dir`.
+
+    An earlier dataset there loses its metadata.json first and gets the new one last, so
+    readers never take a half-uploaded directory for a prepared one.
+    """
+    bucket = storage.bucket_of(out_dir)
+    if not storage.exists(bucket):
+        raise PrepareError(f"Bucket {bucket} of --out={out_dir} does not exist or is not "
+                           "accessible; create it, or fix the name or the credentials.")
+    if storage.exists(storage.join(out_dir, METADATA_FILE)) and not overwrite:
+        raise PrepareError(f"{out_dir!r} already holds a prepared dataset ({METADATA_FILE}). "
+                           "Choose another --out, or pass --overwrite to replace it.")
+    with tempfile.TemporaryDirectory(prefix="t5x_lite_prepare_") as staging:
+        result = prepare(out_dir=staging, log=log, **options)
+        if storage.exists(out_dir):
+            for name in storage.listdir(out_dir):  # metadata.json sorts before the shards
+                if _is_output(name):
+                    storage.remove(storage.join(out_dir, name))
+        for name in sorted(os.listdir(staging), key=lambda name: name == METADATA_FILE):
+            storage.copy(os.path.join(staging, name), storage.join(out_dir, name))
+    log(f"uploaded to {out_dir}")
+    return result
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="t5x-lite prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", action="append", required=True, dest="inputs",
                    help=f"file or directory (repeatable), or {PYTHON_STDLIB}")
-    p.add_argument("--out", required=True, dest="out_dir", help="directory to write")
+    p.add_argument("--out", required=True, dest="out_dir",
+                   help="directory to write (local, gs://BUCKET/PREFIX or s3://BUCKET/PREFIX)")
     p.add_argument("--vocab_size", type=int, default=8192)
     p.add_argument("--num_shards", type=int, default=4)
     p.add_argument("--validation_fraction", type=float, default=0.05)
@@ -619,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         prepare(**vars(args))
-    except PrepareError as e:
+    except (PrepareError, storage.StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

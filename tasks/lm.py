@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 
+from t5x_lite import storage, tfrecord_stream
+from t5x_lite.errors import TaskDataError
 from t5x_lite.prepare import METADATA_FILE
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -21,34 +22,35 @@ import seqio  # noqa: E402
 from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 
 
-class TaskDataError(ValueError):
-    """A task's data directory is missing, empty or malformed."""
-
-
 def read_metadata(data_dir: str) -> dict:
-    """The metadata.json of a prepared directory, with a clear error when it is absent."""
-    path = os.path.join(data_dir, METADATA_FILE)
-    if not tf.io.gfile.exists(path):
+    """The metadata.json of a prepared directory (local, gs:// or s3://), or a clear error."""
+    path = storage.join(data_dir, METADATA_FILE)
+    try:
+        found = storage.exists(path)
+    except storage.StorageError as e:  # no credentials: the message says what to set
+        raise TaskDataError(str(e)) from None
+    if not found:
         raise TaskDataError(
-            f"Data directory {data_dir!r} has no {METADATA_FILE}: it is missing or was never "
-            f"prepared. Run `t5x-lite prepare --input=... --out={data_dir}` (or point the "
-            "task's data_dir at a prepared directory)."
+            f"Data directory {data_dir!r} has no {METADATA_FILE}: it is missing (check the bucket "
+            f"and prefix of a gs:// or s3:// path) or was never prepared. Run `t5x-lite prepare "
+            f"--input=... --out={data_dir}` (or point the task's data_dir at a prepared directory)."
         )
-    with tf.io.gfile.GFile(path) as f:
+    with storage.open(path, "r") as f:
         return json.load(f)
 
 
-def _check_split_files(data_dir: str, metadata: dict) -> dict[str, str]:
-    patterns = {}
+def _check_split_files(data_dir: str, metadata: dict) -> dict[str, list[str]]:
+    """Each split's shard files, listed here because seqio globs through tf.io.gfile (no s3)."""
+    files = {}
     for split, info in metadata["splits"].items():
-        pattern = os.path.join(data_dir, info["pattern"])
-        if not tf.io.gfile.glob(pattern) or not info.get("num_examples"):
+        pattern = storage.join(data_dir, info["pattern"])
+        files[split] = storage.glob(pattern)
+        if not files[split] or not info.get("num_examples"):
             raise TaskDataError(
                 f"Split {split!r} of {data_dir!r} has no records (pattern {pattern!r}); "
                 "re-run `t5x-lite prepare` on a non-empty input."
             )
-        patterns[split] = pattern
-    return patterns
+    return files
 
 
 @seqio.map_over_dataset
@@ -57,38 +59,89 @@ def targets_as_int32(example: dict) -> dict:
     return {"targets": tf.cast(example["targets"], tf.int32)}
 
 
+class _S3Vocabulary(seqio.SentencePieceVocabulary):
+    """A SentencePiece model on s3://, which seqio's loader (tf.io.gfile) cannot open.
+
+    It is loaded from a local copy made on first use, on each machine: the object keeps its
+    s3 path, so a copy pickled to a Beam worker downloads the model there.
+    """
+
+    def __init__(self, path: str, *, extra_ids: int = 0):
+        super().__init__(path, extra_ids=extra_ids)
+        self._s3_path = path
+
+    def _model_context(self):
+        if self._model is None:
+            self._sentencepiece_model_file = storage.tensorflow_readable(self._s3_path)
+        return super()._model_context()
+
+
 def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSource, seqio.Vocabulary]:
-    """The token-id records of a prepared directory and its vocabulary (+ sentinel ids)."""
+    """The token-id records of a prepared directory and its vocabulary (+ sentinel ids).
+
+    `data_dir` may be local, gs:// or s3://. tf.data reads local and gs:// shards itself;
+    s3:// shards are streamed through fsspec (t5x_lite.tfrecord_stream). Either way seqio
+    shards by file, so each host opens only its own shards.
+    """
     metadata = read_metadata(data_dir)
-    patterns = _check_split_files(data_dir, metadata)
-    vocabulary = seqio.SentencePieceVocabulary(os.path.join(data_dir, metadata["vocabulary"]),
-                                               extra_ids=extra_ids)
+    files = _check_split_files(data_dir, metadata)
+    vocabulary_path = storage.join(data_dir, metadata["vocabulary"])
+    s3 = storage.is_s3(data_dir)
+    vocabulary_cls = _S3Vocabulary if s3 else seqio.SentencePieceVocabulary
+    vocabulary = vocabulary_cls(vocabulary_path, extra_ids=extra_ids)
     source = seqio.TFExampleDataSource(
-        split_to_filepattern=patterns,
+        split_to_filepattern=files,
         feature_description={"targets": tf.io.RaggedFeature(tf.int64)},
+        reader_cls=tfrecord_stream.record_dataset if s3 else tf.data.TFRecordDataset,
     )
     return source, vocabulary
+
+
+class TaskWithCacheHint(seqio.Task):
+    """A seqio.Task whose missing offline cache is reported with the command that builds it."""
+
+    def assert_cached(self) -> None:
+        if not self.cache_dir:
+            searched = seqio.get_global_cache_dirs()
+            where = f"searched {searched}" if searched else "no cache directory is set"
+            raise TaskDataError(
+                f"Task {self.name!r} has no offline cache (use_cached=True; {where}). "
+                f"Build it with `t5x-lite cache --tasks={self.name} --output_cache_dir=DIR` plus "
+                "the --gin_file/--gin.X flags of the run, then name DIR with "
+                "--gin.lm_task.cache_dir=\"'DIR'\" (or read uncached: DataConfig.use_cached=False)."
+            )
 
 
 def replace_task(name: str, **task_kwargs) -> seqio.Task:
     """Registers seqio task `name`, replacing an earlier registration of that name."""
     if name in seqio.TaskRegistry.names():
         seqio.TaskRegistry.remove(name)
-    return seqio.TaskRegistry.add(name, metric_fns=[], **task_kwargs)
+    return seqio.TaskRegistry.add(name, task_cls=TaskWithCacheHint, metric_fns=[], **task_kwargs)
+
+
+def register_prepared_task(name: str, data_dir: str, *, preprocessors: list, features: tuple[str, ...],
+                           extra_ids: int = 0) -> seqio.Task:
+    """Registers (or re-registers) task `name`: a prepared directory's records as int32 ids, then
+    `preprocessors`; each of `features` uses the directory's vocabulary (+ `extra_ids`) with EOS."""
+    source, vocabulary = prepared_source(data_dir, extra_ids=extra_ids)
+    return replace_task(
+        name,
+        source=source,
+        preprocessors=[targets_as_int32, *preprocessors],
+        output_features={k: seqio.Feature(vocabulary=vocabulary, add_eos=True) for k in features},
+    )
 
 
 def register_lm_task(name: str, data_dir: str) -> seqio.Task:
     """Registers (or re-registers) an LM task `name` over a prepared directory."""
-    source, vocabulary = prepared_source(data_dir)
-    return replace_task(
-        name,
-        source=source,
+    return register_prepared_task(
+        name, data_dir, features=("targets",),
         preprocessors=[
-            targets_as_int32,
+            # `t5x-lite cache` stores the records up to here; splitting depends on the length.
+            seqio.CacheDatasetPlaceholder(),
             t5_preprocessors.split_tokens_to_targets_length,
             seqio.preprocessors.append_eos_after_trim,
         ],
-        output_features={"targets": seqio.Feature(vocabulary=vocabulary, add_eos=True)},
     )
 
 
@@ -98,6 +151,12 @@ def _registered(name: str, data_dir: str) -> str:
     return name
 
 
-def lm_task(*, name: str, data_dir: str) -> str:
-    """Registers the LM task `name` over `data_dir` once and returns its name (for gin)."""
-    return _registered(name, os.path.abspath(os.path.expanduser(data_dir)))
+def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
+    """Registers the LM task `name` over `data_dir` once and returns its name (for gin).
+
+    `cache_dir` (the --output_cache_dir of `t5x-lite cache`) is added to seqio's cache
+    directories, where `DataConfig.use_cached=True` looks for the task's offline cache.
+    """
+    if cache_dir:
+        seqio.add_global_cache_dirs([storage.absolute(cache_dir)])
+    return _registered(name, storage.absolute(data_dir))

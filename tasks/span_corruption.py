@@ -10,9 +10,9 @@ prepared SentencePiece model plus `EXTRA_IDS` sentinel ids at the top of the id 
 from __future__ import annotations
 
 import functools
-import os
 
-from tasks.lm import prepared_source, replace_task, targets_as_int32
+from tasks.lm import register_prepared_task
+from t5x_lite import storage
 from t5x_lite.tf_setup import import_tensorflow
 
 import_tensorflow()
@@ -35,20 +35,13 @@ def span_corruption_lengths(inputs_length: int, *, noise_density: float = 0.15,
 def register_span_corruption_task(name: str, data_dir: str, *, noise_density: float = 0.15,
                                   mean_noise_span_length: float = 3.0) -> seqio.Task:
     """Registers (or re-registers) a span-corruption task `name` over a prepared directory."""
-    source, vocabulary = prepared_source(data_dir, extra_ids=EXTRA_IDS)
-    return replace_task(
-        name,
-        source=source,
+    return register_prepared_task(
+        name, data_dir, features=("inputs", "targets"), extra_ids=EXTRA_IDS,
         preprocessors=[
-            targets_as_int32,
             functools.partial(t5_preprocessors.span_corruption, noise_density=noise_density,
                               mean_noise_span_length=mean_noise_span_length),
             seqio.preprocessors.append_eos_after_trim,
         ],
-        output_features={
-            "inputs": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-            "targets": seqio.Feature(vocabulary=vocabulary, add_eos=True),
-        },
     )
 
 
@@ -62,5 +55,5 @@ def _registered(name: str, data_dir: str, noise_density: float, mean_noise_span_
 def span_corruption_task(*, name: str, data_dir: str, noise_density: float = 0.15,
                          mean_noise_span_length: float = 3.0) -> str:
     """Registers the span-corruption task `name` over `data_dir` once and returns its name (for gin)."""
-    return _registered(name, os.path.abspath(os.path.expanduser(data_dir)), noise_density,
+    return _registered(name, storage.absolute(data_dir), noise_density,
                        mean_noise_span_length)

@@ -94,3 +94,18 @@ def test_bad_period_names_the_flag(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.train.eval_period='each epoch'")
     assert_bad_input(result, "train.eval_period='each epoch'", "'1 epoch'")
     assert not (tmp_path / "run").exists()
+
+
+def test_malformed_jsonl_line_names_file_and_line(data_dir, tmp_path):
+    """A text task in 'fail' mode: the bad line stops the run with one message, exit 2."""
+    import json
+
+    lines = [json.dumps({"text": f"def f{i}(x):\n    return x + {i}\n" * 20}) for i in range(40)]
+    lines[2] = '{"text": "no closing quote}'
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
+                   "--gin.MIXTURE_OR_TASK_NAME=@text_task()", "--gin.text_task.name='bad_jsonl'",
+                   f"--gin.text_task.splits={{'train': '{corpus}', 'validation': '{corpus}'}}",
+                   f"--gin.text_task.vocabulary='{data_dir}/spm.model'")
+    assert_bad_input(result, f"{corpus}, line 3", "on_bad_line='skip'")

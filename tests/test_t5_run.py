@@ -132,7 +132,7 @@ def test_span_corruption_examples(span_corruption_examples):
         original = []
         for t in inputs.tolist():
             original.extend(spans.pop(0) if t >= VOCAB else [t])
-        assert len(inputs) < len(original) < len(inputs) + len(targets)
+        assert len(inputs) <= len(original) < len(inputs) + len(targets)  # a one-token span keeps the length
         reconstructed.append(original)
         if i < len(examples) - 1:
             # Every full-length example fills the encoder row exactly and its targets fit.

@@ -118,10 +118,15 @@ class DecoderConfig(ModelConfigBase):
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: x + Attn(norm(x)); x + MLP(norm(x)). Returns (x, None) for scan."""
+    """Pre-norm block: x + Attn(norm(x)); x + MLP(norm(x)). Returns (x, None) for scan.
+
+    `is_causal=False` means `mask` is the whole attention pattern (a prefix LM's), not only
+    the packed-segment mask that the attention's own causal mask is added to.
+    """
 
     config: DecoderConfig
     deterministic: bool
+    is_causal: bool = True
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, positions: Array):
@@ -134,7 +139,7 @@ class DecoderBlock(nn.Module):
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,
                              use_rope=cfg.position_embedding == "rope",
                              rope_max_wavelength=cfg.rope_max_wavelength, use_bias=cfg.use_bias,
-                             is_causal=True, implementation=implementation, name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
+                             is_causal=self.is_causal, implementation=implementation, name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         h = norm(dtype=dtype, name="mlp_norm")(x)
         h = layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, use_bias=cfg.use_bias, name="mlp")(h)
@@ -145,8 +150,10 @@ class DecoderBlock(nn.Module):
 class Decoder(nn.Module):
     """The LM: token ids [batch, length] -> float32 logits [batch, length, vocab].
 
-    Arguments carry seqio's feature names, so a batch from the LM feature converter can be
-    passed as keyword arguments.
+    Arguments carry seqio's feature names, so a batch from the LM or prefix-LM feature
+    converter can be passed as keyword arguments. With `decoder_causal_attention` (prefix LM:
+    1 on the prefix positions) the prefix attends to itself bidirectionally and every later
+    position stays causal.
     """
 
     config: DecoderConfig
@@ -157,6 +164,7 @@ class Decoder(nn.Module):
         decoder_input_tokens: Array,
         decoder_positions: Array | None = None,
         decoder_segment_ids: Array | None = None,
+        decoder_causal_attention: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
         cfg = self.config
@@ -169,8 +177,12 @@ class Decoder(nn.Module):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         # Causality comes from the attention's is_causal; the mask only keeps packed examples apart.
+        # A prefix LM's mask is not causal within the prefix, so it carries causality itself.
+        is_causal = decoder_causal_attention is None
         mask = None
-        if decoder_segment_ids is not None:
+        if not is_causal:
+            mask = layers.make_prefix_lm_mask(decoder_causal_attention, decoder_segment_ids)
+        elif decoder_segment_ids is not None:
             mask = layers.make_bidirectional_mask(decoder_segment_ids, decoder_segment_ids)
 
         gpt2_init = cfg.tie_embeddings or cfg.position_embedding == "learned"
@@ -183,7 +195,7 @@ class Decoder(nn.Module):
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=2)
-        x, _ = blocks(cfg, deterministic)(x, mask, positions)
+        x, _ = blocks(cfg, deterministic, is_causal)(x, mask, positions)
         x = layers.NORMS[cfg.norm](dtype=dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)

@@ -38,6 +38,23 @@ def make_attention_mask(segment_ids: Array) -> Array:
     return (causal[None] & same_segment)[:, None]
 
 
+def make_prefix_lm_mask(causal_attention: Array, segment_ids: Array | None = None) -> Array:
+    """Prefix-LM self-attention mask: [batch, 1, q_len, kv_len] bool.
+
+    `causal_attention` is seqio's `decoder_causal_attention` [batch, length]: 1 on the prefix
+    (the inputs and the first target position, whose input token is the prefix's last).
+    Position i may attend to j when j <= i, or when both are in the prefix (the prefix sees
+    itself bidirectionally); with packing, only within the same segment.
+    """
+    length = causal_attention.shape[-1]
+    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
+    prefix = causal_attention.astype(jnp.bool_)
+    mask = causal | (prefix[:, :, None] & prefix[:, None, :])
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    return mask[:, None]
+
+
 def make_bidirectional_mask(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
     """Encoder and cross-attention mask: [batch, 1, q_len, kv_len] bool, same segment only.
 

@@ -1,0 +1,114 @@
+"""`t5x-lite cache`: seqio's offline cache of a task, built with Beam's DirectRunner, read back with use_cached."""
+
+import collections
+import json
+import pickle
+
+import pytest
+
+TASK = "test_cache_small_lm"
+LENGTHS = {"targets": 64}
+
+
+def _task_gin(path, data_dir, name=TASK):
+    path.write_text(f"MIXTURE_OR_TASK_NAME = @lm_task()\nlm_task.name = '{name}'\n"
+                    f"lm_task.data_dir = '{data_dir}'\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache_dir(small_data_dir, tmp_path_factory):
+    """The small LM task cached with the DirectRunner, 3 shards per split."""
+    from t5x_lite import cache_tasks
+
+    root = tmp_path_factory.mktemp("cache")
+    gin_file = _task_gin(root / "task.gin", small_data_dir)
+    assert cache_tasks.main([f"--gin_file={gin_file}", f"--output_cache_dir={root / 'cache'}",
+                             "--min_shards=3"]) == 0
+    return root / "cache"
+
+
+def _examples(task, split, use_cached):
+    dataset = task.get_dataset(LENGTHS, split=split, use_cached=use_cached, shuffle=False)
+    return collections.Counter(tuple(ex["targets"].tolist()) for ex in dataset.as_numpy_iterator())
+
+
+def test_cache_holds_every_split_with_info_and_stats(cache_dir, small_data_dir):
+    metadata = json.loads((small_data_dir / "metadata.json").read_text())
+    task_dir = cache_dir / TASK
+    assert (task_dir / "COMPLETED").exists()
+    for split, counts in metadata["splits"].items():
+        info = json.loads((task_dir / f"info.{split}.json").read_text())
+        assert info["num_shards"] == 3
+        assert info["features"] == {"targets": {"dtype": "int32", "shape": [None]}}
+        assert len(list(task_dir.glob(f"{split}.tfrecord-*-of-00003"))) == 3
+        # Cached before splitting: one example per document, every token (no EOS or padding yet).
+        stats = json.loads((task_dir / f"stats.{split}.json").read_text())
+        assert stats["examples"] == counts["num_examples"]
+        assert stats["targets_tokens"] == counts["num_tokens"]
+
+
+def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
+    import seqio
+
+    from t5x_lite import config
+
+    name = config.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
+    task = seqio.get_mixture_or_task(name)
+    assert task.cache_dir == str(cache_dir / TASK)
+    for split in ("train", "validation"):
+        cached = _examples(task, split, use_cached=True)
+        assert cached and cached == _examples(task, split, use_cached=False)
+
+
+def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
+    from t5x_lite import config
+    from tasks import lm
+
+    name = config.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
+    task = lm.seqio.get_mixture_or_task(name)
+    with pytest.raises(lm.TaskDataError, match=r"t5x-lite cache --tasks=test_cache_never_cached"):
+        task.get_dataset(LENGTHS, split="validation", use_cached=True, shuffle=False)
+
+
+def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path, capsys):
+    from t5x_lite import cache_tasks
+
+    gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
+    assert cache_tasks.main([f"--gin_file={gin_file}", f"--output_cache_dir={cache_dir}"]) == 0
+    assert "already cached" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--direct_num_worker=2"], r"Unknown flags \['--direct_num_worker'\]"),
+    (["--output_cache_dir=s3://bucket/cache"], "no s3 filesystem"),
+    (["--tasks=no_such_task"], "No seqio task or mixture named 'no_such_task'"),
+])
+def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys):
+    import re
+
+    from t5x_lite import cache_tasks
+
+    gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
+    flags = [f"--gin_file={gin_file}", f"--output_cache_dir={tmp_path / 'cache'}", *flags]
+    assert cache_tasks.main(flags) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_workers_repeat_the_registration(small_data_dir, tmp_path):
+    """Beam workers in other processes get the recipe pickled and register the task themselves."""
+    import gin
+    import seqio
+
+    from t5x_lite import cache_tasks, config
+    from tasks import lm
+
+    name = "test_cache_worker_lm"
+    config.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])
+    recipe = cache_tasks.Registration(task_names=(name,), gin_config=gin.config_str())
+    assert recipe.register() == [name]
+    seqio.TaskRegistry.remove(name)
+    lm._registered.cache_clear()  # as in a fresh worker process
+    pickle.loads(pickle.dumps(recipe))()
+    assert name in seqio.TaskRegistry.names()
