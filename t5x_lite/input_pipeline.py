@@ -192,7 +192,7 @@ class BatchIterator:
         self.batches_in_epoch = 0
         self.end_of_epoch = False
         self.last_epoch_stats: dict[str, int] = {}
-        self._steps_in_epoch: int | None = None  # the current epoch's agreed length (planned mode)
+        self._agreed_steps: dict[int, int] = {}  # epoch -> agreed length, once known (planned mode)
         self._counting: dict[int, concurrent.futures.Future] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._it: Iterator[dict[str, np.ndarray]] | None = None
@@ -209,13 +209,15 @@ class BatchIterator:
     def _count_ahead(self, epoch: int) -> None:
         if self.num_epochs is not None and epoch >= self.num_epochs:
             return
-        if epoch not in self._counting:
+        if epoch not in self._counting and epoch not in self._agreed_steps:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="count-epoch")
             self._counting[epoch] = self._executor.submit(self._count, epoch)
 
     def steps_in_epoch(self, epoch: int) -> int:
-        """The agreed number of steps of `epoch` (counting it if needed; a collective when multi-process)."""
+        """The agreed number of steps of `epoch` (counted and agreed once; a collective when multi-process)."""
+        if epoch in self._agreed_steps:
+            return self._agreed_steps[epoch]
         future = self._counting.pop(epoch, None)
         local_steps, _ = future.result() if future is not None else self._count(epoch)
         steps = self._agree_on_steps(epoch, local_steps)
@@ -223,6 +225,7 @@ class BatchIterator:
             raise EmptySplitError(
                 f"Split {self.config.split!r} of {self.config.mixture_or_task_name!r} yields no examples "
                 f"(epoch {epoch}, {self.num_shards} data shard(s)); add data or check the task's split.")
+        self._agreed_steps[epoch] = steps
         return steps
 
     # ------------------------------------------------------------------------------ reading
@@ -256,7 +259,8 @@ class BatchIterator:
     def _finish_epoch(self) -> None:
         self.last_epoch_stats = self._stats.as_dict() if self._stats is not None else {}
         self.epoch, self.batches_in_epoch = self.epoch + 1, 0
-        self._it, self._stats, self._steps_in_epoch = None, None, None
+        self._agreed_steps.pop(self.epoch - 1, None)
+        self._it, self._stats = None, None
         self.end_of_epoch = True
 
     def _next_lookahead(self) -> dict[str, np.ndarray]:
@@ -274,17 +278,16 @@ class BatchIterator:
         return _pad_rows(dict(batch), self.host_batch_size)
 
     def _next_planned(self) -> dict[str, np.ndarray]:
-        if self._steps_in_epoch is None:
-            self._steps_in_epoch = self.steps_in_epoch(self.epoch)
-            self._count_ahead(self.epoch + 1)
+        steps = self.steps_in_epoch(self.epoch)
+        self._count_ahead(self.epoch + 1)
         batch = self._fetch()
         batch = _pad_rows(dict(batch), self.host_batch_size) if batch is not None else self._empty_batch()
         self.batches_in_epoch += 1
         self.end_of_epoch = False
-        if self.batches_in_epoch == self._steps_in_epoch:
+        if self.batches_in_epoch == steps:
             if self._fetch() is not None:
                 raise RuntimeError(
-                    f"Shard {self.shard_index} of {self.num_shards} has more than the {self._steps_in_epoch} "
+                    f"Shard {self.shard_index} of {self.num_shards} has more than the {steps} "
                     f"batches counted for epoch {self.epoch}: the input pipeline is not deterministic "
                     "(a preprocessor without seqio's seeded random ops?).")
             self._finish_epoch()
@@ -295,7 +298,7 @@ class BatchIterator:
     def get_state(self) -> dict[str, Any]:
         """A small JSON-able state: restoring it resumes the exact same stream."""
         return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "steps_in_epoch": self._steps_in_epoch,
+                "steps_in_epoch": self._agreed_steps.get(self.epoch),
                 "shard_index": self.shard_index, "num_shards": self.num_shards}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -306,9 +309,7 @@ class BatchIterator:
             )
         self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
         saved_steps = state.get("steps_in_epoch")
-        self._steps_in_epoch = int(saved_steps) if self.plan_epochs and saved_steps else None
-        if self.plan_epochs and self._steps_in_epoch is not None:
-            self._count_ahead(self.epoch + 1)
+        self._agreed_steps = {self.epoch: int(saved_steps)} if self.plan_epochs and saved_steps else {}
         self.end_of_epoch, self._it, self._stats, self._pending = False, None, None, None
 
     def close(self) -> None:

@@ -33,6 +33,13 @@ def real_tokens(batches) -> Counter:
     return counts
 
 
+def assert_same_batches(expected: list[dict], actual: list[dict]) -> None:
+    for x, y in zip(expected, actual, strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+
+
 def split_epochs(iterator: input_pipeline.BatchIterator) -> list[list[dict]]:
     epochs, current = [], []
     for batch in iterator:
@@ -60,9 +67,7 @@ def test_same_seed_same_stream(task):
     a = list(make_iterator(task, num_epochs=1))
     b = list(make_iterator(task, num_epochs=1))
     assert len(a) == len(b)
-    for x, y in zip(a, b):
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key])
+    assert_same_batches(a, b)
 
 
 @pytest.mark.parametrize("taken", [0, 3, "end_of_epoch_0", "mid_epoch_1"])
@@ -80,9 +85,7 @@ def test_restored_state_continues_the_same_stream(task, taken):
     resumed.set_state(state)
     rest = list(resumed)
     assert len(rest) == len(full) - n
-    for x, y in zip(full[n:], rest):
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key])
+    assert_same_batches(full[n:], rest)
 
 
 def test_last_batch_is_padded_with_zero_weight_rows(task):
@@ -257,9 +260,7 @@ def test_planned_restore_continues_exactly_even_while_padding(id_task):
         resumed.set_state(first.get_state())
         rest = list(resumed)
         assert len(rest) == len(full) - n
-        for x, y in zip(full[n:], rest):
-            for key in x:
-                np.testing.assert_array_equal(x[key], y[key])
+        assert_same_batches(full[n:], rest)
 
 
 def test_state_is_small_whatever_the_shuffle_buffer(id_task):
@@ -344,3 +345,20 @@ def test_validation_loss_does_not_depend_on_the_batch_size(task):
                for b in (3, 8)]
     assert results[0]["tokens"] == results[1]["tokens"] > 0
     np.testing.assert_allclose(results[0]["loss"], results[1]["loss"], rtol=1e-5)
+
+
+def test_each_epoch_is_counted_once(id_task, monkeypatch):
+    """The loop asks for epoch 0's length up front; iterating must not count it again."""
+    calls = Counter()
+    count = input_pipeline.count_batches
+
+    def counting(config, *, epoch, **kwargs):
+        calls[epoch] += 1
+        return count(config, epoch=epoch, **kwargs)
+
+    monkeypatch.setattr(input_pipeline, "count_batches", counting)
+    iterator = input_pipeline.BatchIterator(id_config(id_task), num_epochs=2, host_batch_size=ID_BATCH,
+                                            plan_epochs=True)
+    steps = iterator.steps_in_epoch(0)
+    assert len(split_epochs(iterator)[0]) == steps
+    assert calls == Counter({0: 1, 1: 1})
