@@ -4,6 +4,7 @@
     t5x-lite cache --gin_file=FILE --output_cache_dir=DIR   preprocess tasks offline (Apache Beam)
     t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
+    t5x-lite checkpoint info PATH                what a checkpoint holds (model, step, data position)
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ COMMANDS = {
     "cache": ("t5x_lite.cache_tasks", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
+    "checkpoint": ("t5x_lite.checkpoint_info", "`checkpoint info PATH`: what a checkpoint holds"),
 }
 
 
 def usage() -> str:
     lines = ["usage: t5x-lite <command> [flags]   (t5x-lite <command> --help for its flags)", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
     return "\n".join(lines)
 
 

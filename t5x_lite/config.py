@@ -111,7 +111,7 @@ def register_configurables() -> None:
     """Makes the library's functions and config classes bindable by these gin names."""
     if any(selector.split(".")[-1] == "train" for selector, _ in _registry_items()):
         return
-    from t5x_lite import data, loops, optim, trainer
+    from t5x_lite import data, init_from, loops, optim, retention, trainer
     from t5x_lite.models import decoder_only, encoder_decoder
 
     gin.external_configurable(loops.train, "train")
@@ -120,6 +120,8 @@ def register_configurables() -> None:
     gin.external_configurable(data.DataConfig, "DataConfig")
     gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
     gin.external_configurable(trainer.LossConfig, "LossConfig")
+    gin.external_configurable(retention.RetentionPolicy, "RetentionPolicy")
+    gin.external_configurable(init_from.InitFrom, "InitFrom")
     gin.external_configurable(lm_task, "lm_task")
     gin.external_configurable(span_corruption_task, "span_corruption_task")
     gin.external_configurable(prefix_lm_task, "prefix_lm_task")

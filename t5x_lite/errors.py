@@ -18,9 +18,10 @@ class TaskDataError(ValueError):
 
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
-    from t5x_lite import cache_tasks, checkpoint, config, input_pipeline, loops, prepare, storage
+    from t5x_lite import cache_tasks, checkpoint, config, init_from, input_pipeline, loops, prepare, storage
 
-    return (config.ConfigError, loops.RunConfigError, checkpoint.CheckpointMismatchError, ConfigValueError,
+    return (config.ConfigError, loops.RunConfigError, loops.NonFiniteLossError, checkpoint.CheckpointMismatchError,
+            checkpoint.NoUsableCheckpointError, init_from.InitFromError, ConfigValueError,
             TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
             input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError)
 

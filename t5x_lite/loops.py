@@ -19,8 +19,10 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import decoding, input_pipeline, metrics, partitioning, storage
-from t5x_lite.errors import TaskDataError
+from t5x_lite import decoding, init_from as init_from_lib, input_pipeline, metrics, partitioning, storage
+from t5x_lite.errors import ConfigValueError, TaskDataError
+from t5x_lite.preemption import Preempted, PreemptionWatcher
+from t5x_lite.retention import RetentionPolicy
 from t5x_lite.periods import parse_period
 from t5x_lite import trainer as trainer_lib
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
@@ -29,6 +31,13 @@ from t5x_lite.optim import OptimizerConfig
 
 class RunConfigError(ValueError):
     """The configuration cannot work; the message names the fix. Raised before any compute."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss or gradients became NaN/Inf; the run stopped before saving the state."""
+
+
+ON_NONFINITE = ("stop", "skip")
 
 
 def _validate(*, model: ModelConfig, train_data: data_lib.DataConfig,
@@ -97,15 +106,19 @@ def run_metadata(*, model: ModelConfig, train_data: data_lib.DataConfig, vocab_s
     }
 
 
-def _write_config(model_dir: str, config_text: str, vocabulary_file: str | None) -> None:
-    os.makedirs(model_dir, exist_ok=True)
-    tmp = os.path.join(model_dir, "config.gin.tmp")
-    with open(tmp, "w") as f:
+def _write_config(work_dir: str, config_text: str, vocabulary_file: str | None) -> None:
+    """config.gin and vocab/ of the run (in an s3 run's staging directory: uploaded with checkpoints)."""
+    storage.makedirs(work_dir)
+    final = storage.join(work_dir, "config.gin")
+    # Object stores replace an object whole on close; a local file is written aside and renamed.
+    partial = final if storage.is_url(work_dir) else f"{final}.tmp"
+    with storage.open(partial, "w") as f:
         f.write(config_text)
-    os.replace(tmp, os.path.join(model_dir, "config.gin"))
+    if partial != final:
+        os.replace(partial, final)
     if vocabulary_file:
-        os.makedirs(os.path.join(model_dir, "vocab"), exist_ok=True)
-        storage.copy(vocabulary_file, os.path.join(model_dir, "vocab", "spm.model"))
+        storage.makedirs(storage.join(work_dir, "vocab"))
+        storage.copy(vocabulary_file, storage.join(work_dir, "vocab", "spm.model"))
 
 
 def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
@@ -165,7 +178,10 @@ def train(
     eval_period: int | str = 0,
     eval_batches: int | None = None,
     checkpoint_period: int | str = 0,
-    keep_checkpoints: int = 3,
+    retention: RetentionPolicy = RetentionPolicy(),
+    async_checkpoints: bool = True,
+    init_from: init_from_lib.InitFrom | None = None,
+    on_nonfinite: str = "stop",
     log_period: int = 10,
     seed: int = 0,
     peak_flops_per_device: float | None = None,
@@ -193,7 +209,13 @@ def train(
         0: only at the end.
       eval_batches: evaluate on at most this many batches (None: the whole split).
       checkpoint_period: save every this many steps or epochs (as eval_period); 0: only at the end.
-      keep_checkpoints: how many recent checkpoints to keep.
+      retention: which checkpoints to keep (last N, every K steps, best by a metric).
+      async_checkpoints: write checkpoints in the background (the loop waits only for the
+        device-to-host copy); False blocks until each is written.
+      init_from: start a new run from another run's parameters (ignored, with a message, when
+        model_dir already holds a checkpoint: the run then resumes).
+      on_nonfinite: when a step's loss or gradients are NaN/Inf, 'stop' the run (before any
+        checkpoint of that state) or 'skip' the step; either way the update is not applied.
       log_period: steps between metric reports (each report syncs with the device).
       seed: seeds parameter init and dropout (the data seed is train_data.seed).
       peak_flops_per_device: peak FLOP/s of one device, for MFU (None: MFU not reported).
@@ -205,7 +227,9 @@ def train(
     """
     if task_module:
         import_task_module(task_module)
-    model_dir = os.path.abspath(os.path.expanduser(model_dir))
+    model_dir = storage.absolute(model_dir)
+    if on_nonfinite not in ON_NONFINITE:
+        raise ConfigValueError(f"train.on_nonfinite={on_nonfinite!r}: use one of {ON_NONFINITE}.")
     eval_every = parse_period(eval_period, name="train.eval_period")
     checkpoint_every = parse_period(checkpoint_period, name="train.checkpoint_period")
     train_data = train_data.for_model_family(model.family)
@@ -219,12 +243,18 @@ def train(
     is_chief = jax.process_index() == 0
 
     # Decide what to start from before anything is written to the model directory.
-    existing = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints, create=False)
+    existing = checkpoint_lib.Checkpointer(model_dir, create=False)
     latest = existing.latest_step()
-    saved_metadata = existing.metadata(latest) if latest is not None else None
-    existing.close()
-    if saved_metadata is not None:
+    for step in reversed(existing.all_steps()):
+        try:
+            saved_metadata = existing.metadata(step)
+        except Exception:  # noqa: BLE001 - a damaged checkpoint is dealt with when restoring
+            continue
         checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
+        break
+    existing.close()
+    if latest is None and init_from is not None:
+        init_from_lib.resolve(init_from)  # a missing source fails here, before anything is written
 
     shard, num_shards, host_batch = partitioning.process_data_shard(
         partitioning.batch_sharding(mesh, logical_axis_rules), train_data.batch_size)
@@ -245,12 +275,13 @@ def train(
     example = {k: np.zeros(shape, np.int32) for k, shape in train_data.model_feature_shapes(train_data.batch_size).items()}
     abstract_state = trainer.abstract_state(example)
 
+    checkpoints = checkpoint_lib.Checkpointer(model_dir, retention=retention, async_save=async_checkpoints)
+    config_text = gin.operative_config_str()
     if is_chief:
         task = data_lib.get_task(train_data.mixture_or_task_name)
         vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
-        _write_config(model_dir, gin.operative_config_str(), vocabulary_file)
-    checkpoints = checkpoint_lib.Checkpointer(model_dir, keep=keep_checkpoints)
-    writer = metrics.MetricsWriter(model_dir, total_steps=total_steps, initial_step=latest or 0,
+        _write_config(checkpoints.work_dir, config_text, vocabulary_file)
+    writer = metrics.MetricsWriter(checkpoints.work_dir, total_steps=total_steps, initial_step=latest or 0,
                                    enabled=is_chief, progress_bar=progress_bar)
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
                  f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
@@ -260,17 +291,30 @@ def train(
                      f"(epoch 0, counted; later epochs are counted as they start), "
                      f"{num_epochs or 'unlimited'} epoch(s), {num_shards} data shard(s) of {host_batch} rows")
 
-    if latest is not None:
+    dropout_rng = jax.random.PRNGKey(seed + 1)
+    restored = checkpoints.restore_latest_good(
+        abstract_state=checkpoint_lib.to_saveable(abstract_state, dropout_rng),
+        check=lambda saved: checkpoint_lib.check_compatible(saved, metadata, model_dir=model_dir),
+        warn=writer.print)
+    if restored is not None:
+        latest, saved, iterator_state, _ = restored
         writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
-        saved, iterator_state, _ = checkpoints.restore(
-            latest, abstract_state=checkpoint_lib.to_saveable(abstract_state))
+        if init_from is not None:
+            writer.print(f"train.init_from ({init_from.checkpoint}) is not used: {model_dir} already holds this "
+                         f"run's own checkpoint (step {latest}), and a restarted run resumes rather than starting "
+                         "over. To start afresh from init_from, use a new MODEL_DIR.")
+        dropout_rng = saved.pop("dropout_rng")
         state = trainer_lib.TrainState(**saved)
         iterator.set_state(iterator_state)
     else:
-        writer.print(f"No checkpoint in {model_dir}: initialising from seed {seed}.")
+        latest = None
         state = trainer.init_state(jax.random.PRNGKey(seed), example)
-
-    dropout_rng = jax.random.PRNGKey(seed + 1)
+        if init_from is None:
+            writer.print(f"No checkpoint in {model_dir}: initialising from seed {seed}.")
+        else:
+            writer.print(f"No checkpoint in {model_dir}: starting from train.init_from ({init_from.checkpoint}).")
+            state = state.replace(params=init_from_lib.load_params(init_from, target_params=state.params,
+                                                                   warn=writer.print))
     step = int(state.step)
     flops_per_token = train_flops_per_token(model, targets_length=train_data.sequence_length,
                                             inputs_length=train_data.inputs_length)
@@ -280,28 +324,48 @@ def train(
     window: list[dict[str, jax.Array]] = []
     window_start = time.perf_counter()
     last_saved = latest
+    checked = 0  # window entries already checked for non-finite steps
+
+    def check_finite():
+        """Stops the run (with on_nonfinite='stop') if a step since the last check was NaN/Inf."""
+        nonlocal checked
+        if on_nonfinite != "stop" or len(window) == checked:
+            return
+        flags = jax.device_get([m["nonfinite_steps"] for m in window[checked:]])
+        first_bad = next((step - len(window) + checked + i + 1 for i, f in enumerate(flags) if f), None)
+        checked = len(window)
+        if first_bad is not None:
+            kept = f"the last checkpoint (step {last_saved}) is untouched" if last_saved else "no checkpoint was written"
+            raise NonFiniteLossError(
+                f"The loss or gradients became NaN/Inf at step {first_bad}; the run stopped before saving "
+                f"that state ({kept}). Lower the learning rate, enable clipping, check the data, or set "
+                "--gin.train.on_nonfinite=\"'skip'\" to skip such steps.")
 
     def save():
         nonlocal last_saved
-        checkpoints.save(step, state=checkpoint_lib.to_saveable(state), iterator_state=iterator.get_state(),
-                         metadata={**metadata, "step": step})
+        check_finite()
+        saved_metrics = {f"eval/{k}": v for k, v in last_eval.items()} if evaluated_at == step else {}
+        if last_train:
+            saved_metrics["train/loss"] = last_train["loss"]
+        blocked = checkpoints.save(step, state=checkpoint_lib.to_saveable(state, dropout_rng),
+                                   iterator_state=iterator.get_state(), metadata=metadata,
+                                   config_text=config_text, metrics=saved_metrics)
         last_saved = step
-        writer.print(f"step {step}: checkpoint saved in {checkpoint_lib.checkpoints_dir(model_dir)}")
+        how = "writing in the background" if async_checkpoints else "written"
+        writer.print(f"step {step}: checkpoint saved in {checkpoint_lib.checkpoints_dir(model_dir)} "
+                     f"(loop blocked {blocked:.2f} s, {how})")
 
     def report():
-        nonlocal window, window_start, last_train
+        nonlocal window, window_start, last_train, checked
+        check_finite()
         last_train = summarize_window(
             jax.device_get(window), seconds=time.perf_counter() - window_start,
             tokens_per_step=train_data.batch_size * train_data.sequence_length,
             flops_per_token=flops_per_token, peak_flops_per_device=peak_flops_per_device,
             num_devices=jax.device_count())
-        if not math.isfinite(last_train["loss"]):
-            raise FloatingPointError(
-                f"The training loss is {last_train['loss']} at step {step}; lower the learning "
-                "rate, enable clipping, or check the data. The last good checkpoint is untouched.")
         writer.scalars("train", step, last_train)
         writer.progress(step, {name: last_train[key] for name, key in SHOWN_METRICS if key in last_train})
-        window, window_start = [], time.perf_counter()
+        window, window_start, checked = [], time.perf_counter(), 0
 
     def run_eval():
         result = evaluate(trainer, state.params, eval_data, max_batches=eval_batches)
@@ -312,6 +376,7 @@ def train(
         evaluated_at = step
         return result
 
+    watcher = PreemptionWatcher().__enter__()
     try:
         # Check the step limit before taking a batch: a batch taken is a batch the saved
         # iterator state counts as seen.
@@ -336,6 +401,12 @@ def train(
                 last_eval = run_eval()
             if checkpoint_every.due(**when):
                 save()
+            stop_reason = watcher.should_stop(step)
+            if stop_reason:
+                if last_saved != step:
+                    save()
+                checkpoints.wait()
+                raise Preempted(step, stop_reason)
         if window:
             report()
         if eval_data is not None and evaluated_at != step:
@@ -351,6 +422,7 @@ def train(
                                max_new_tokens=sample_max_new_tokens, seed=seed)
             writer.print(f"sample:\n{sample_prompt}{text}")
     finally:
+        watcher.__exit__(None, None, None)
         iterator.close()
         checkpoints.close()
         writer.close()
@@ -379,8 +451,11 @@ def summarize_window(step_metrics: Sequence[dict[str, Any]], *, seconds: float, 
 
     MFU is reported only when `peak_flops_per_device` is given.
     """
-    sums = {k: float(sum(m[k] for m in step_metrics)) for k in step_metrics[0]}
-    summary = metrics.summarize_train_metrics(sums, steps=len(step_metrics))
+    # Skipped (non-finite) steps changed nothing; they are counted, not averaged in.
+    finite = [m for m in step_metrics if not m.get("nonfinite_steps")] or list(step_metrics)
+    sums = {k: float(sum(m[k] for m in finite)) for k in finite[0]}
+    summary = metrics.summarize_train_metrics(sums, steps=len(finite))
+    summary["nonfinite_steps"] = float(sum(m.get("nonfinite_steps", 0) for m in step_metrics))
     summary["tokens_per_second"] = metrics.tokens_per_second(len(step_metrics) * tokens_per_step, seconds)
     if peak_flops_per_device:
         summary["mfu"] = metrics.model_flops_utilization(

@@ -113,6 +113,33 @@ def remove(path: str) -> None:
         _gfile().remove(path)
 
 
+def walk_files(path: str) -> list[str]:
+    """Every file under directory `path` (recursively), as full paths in `path`'s form, sorted."""
+    if is_s3(path):
+        return sorted(S3_PREFIX + p for p in _s3_call(path, _s3().find, path))
+    return sorted(join(root, name) for root, _, names in _gfile().walk(path) for name in names)
+
+
+def rename(source: str, destination: str) -> None:
+    """Moves a file or directory tree (on object stores: copies every object, then deletes)."""
+    if not is_url(source):
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        os.rename(source, destination)
+        return
+    for path in walk_files(source):
+        copy(path, join(destination, path[len(source.rstrip("/")) + 1:]))
+    remove_tree(source)
+
+
+def remove_tree(path: str) -> None:
+    """Deletes directory `path` and everything under it (for s3, every object under the prefix)."""
+    if is_s3(path):
+        if _s3_call(path, _s3().exists, path):
+            _s3_call(path, _s3().rm, path, recursive=True)
+    elif _gfile().exists(path):
+        _gfile().rmtree(path)
+
+
 def copy(source: str, destination: str) -> None:
     """Copies one file between any two places (local, gs://, s3://), streaming it in chunks."""
     with open(source, "rb") as src, open(destination, "wb") as dst:

@@ -1,6 +1,7 @@
 """`python -m t5x_lite.train --gin_file=... --gin.KEY=VALUE`: run the gin-configured train loop.
 
-Exit codes: 0 success, 2 a configuration or input problem (the message names the fix).
+Exit codes: 0 success, 2 a configuration or input problem (the message names the fix),
+75 stopped on SIGTERM or a preemption notice after saving a checkpoint (run again to resume).
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.parse(gin_files=files, gin_bindings=bindings, gin_search_paths=paths)
         import gin
 
-        gin.get_configurable("train")()
+        from t5x_lite.preemption import EXIT_PREEMPTED, Preempted
+
+        try:
+            gin.get_configurable("train")()
+        except Preempted as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_PREEMPTED
         return 0
 
 

@@ -166,12 +166,19 @@ class Trainer:
 
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        grad_norm = optax.tree.norm(grads)
+        # A step whose loss or gradients are not finite leaves parameters and optimizer state as
+        # they were (the select fuses into the update); the loop decides whether to stop.
+        finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
+        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                         (params, opt_state), (state.params, state.opt_state))
         metrics = {
             "loss_sum": sums["loss_sum"],
             "z_loss_sum": sums["z_loss_sum"],
             "weight_sum": sums["weight_sum"],
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": grad_norm,
             "learning_rate": self.learning_rate_fn(state.step),
+            "nonfinite_steps": 1.0 - finite.astype(jnp.float32),
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -1,6 +1,7 @@
 """Test set-up: 8 host-platform CPU devices, set before JAX is imported anywhere."""
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -30,3 +31,33 @@ def small_data_dir(tmp_path_factory):
     from tests.cli_helpers import prepare_stdlib_subset
 
     return prepare_stdlib_subset(tmp_path_factory.mktemp("data") / "small", ["json"])
+
+
+S3_BUCKET = "t5x-lite-test"
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 on a free 127.0.0.1 port, with fake credentials in the environment; stopped after."""
+    import boto3
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    with pytest.MonkeyPatch.context() as env:
+        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                           "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                           "AWS_ENDPOINT_URL": endpoint}.items():
+            env.setenv(key, value)
+        s3fs.S3FileSystem.clear_instance_cache()
+        boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+        try:
+            yield endpoint
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()
+            server.stop()

@@ -28,7 +28,7 @@ def assert_trees_equal(a, b) -> None:
 
 def test_train_loss_falls_and_sample(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5",
-                   "--gin.train.checkpoint_period=10", "--gin.train.keep_checkpoints=2",
+                   "--gin.train.checkpoint_period=10", "--gin.RetentionPolicy.keep_last=2",
                    "--gin.train.sample_prompt='def '", "--gin.train.sample_max_new_tokens=8")
     assert result.returncode == 0, result.stderr[-3000:]
     seen = losses(result.stdout)
@@ -38,7 +38,7 @@ def test_train_loss_falls_and_sample(data_dir, tmp_path):
     assert "initial loss" in result.stdout
     assert (tmp_path / "run" / "config.gin").read_text().count("DecoderConfig.emb_dim = 64") == 1
     checkpoints = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
-    assert checkpoints == [30, 40]  # the last keep_checkpoints=2 of 10, 20, 30, 40
+    assert checkpoints == [30, 40]  # the last keep_last=2 of 10, 20, 30, 40
     assert list((tmp_path / "run" / "tb" / "train").glob("events.out.tfevents.*"))
     assert list((tmp_path / "run" / "tb" / "eval").glob("events.out.tfevents.*"))
     assert "sample:\ndef " in result.stdout

@@ -1,38 +1,10 @@
 """s3:// paths: the storage functions, `prepare --out=s3://...` and LM tasks over s3, against moto's S3 server."""
 
-import socket
 import struct
 
 import pytest
 
-BUCKET = "t5x-lite-test"
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    """moto's S3 on a free 127.0.0.1 port, with fake credentials in the environment; stopped after."""
-    import boto3
-    import s3fs
-    from moto.server import ThreadedMotoServer
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    with pytest.MonkeyPatch.context() as env:
-        for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                           "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                           "AWS_ENDPOINT_URL": endpoint}.items():
-            env.setenv(key, value)
-        s3fs.S3FileSystem.clear_instance_cache()
-        boto3.client("s3").create_bucket(Bucket=BUCKET)
-        try:
-            yield endpoint
-        finally:
-            s3fs.S3FileSystem.clear_instance_cache()
-            server.stop()
+from tests.conftest import S3_BUCKET as BUCKET
 
 
 @pytest.fixture(scope="module")
