@@ -28,7 +28,7 @@ quickstart: install data
 	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
 
 test: install
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV) runs/quickstart

@@ -114,7 +114,7 @@ class Checkpointer:
             self._mirror.upload_in_background(step, wait_for_local=self._manager.wait_until_finished,
                                               after=lambda: self._committed_on_s3(step))
         else:
-            self._apply_retention(newest=step)
+            self._apply_retention(in_flight=step)
         return time.perf_counter() - start
 
     def _saved_metrics(self, step: int) -> dict[str, float]:
@@ -125,10 +125,12 @@ class Checkpointer:
                 self._metrics[step] = {}
         return self._metrics[step]
 
-    def _apply_retention(self, *, newest: int) -> None:
-        steps = set(self._manager.all_steps()) | {newest}
+    def _apply_retention(self, *, in_flight: int | None = None) -> None:
+        """Deletes what the policy drops among finished steps; the one in flight does not count yet,
+        so a save that fails never leaves the directory with fewer good checkpoints."""
+        steps = set(self._manager.all_steps()) - {in_flight}
         keep = steps_to_keep(steps, {s: self._saved_metrics(s) for s in steps}, self._retention)
-        for step in sorted(steps - keep - {newest}):
+        for step in sorted(steps - keep):
             self._manager.delete(step)
 
     def _committed_on_s3(self, step: int) -> None:
@@ -150,6 +152,8 @@ class Checkpointer:
         self._manager.check_for_errors()
         if self._mirror:
             self._mirror.wait()
+        elif self._manager.all_steps():
+            self._apply_retention()
 
     # -- restoring -------------------------------------------------------------------------------
 

@@ -385,7 +385,7 @@ def train(
             if batch is None:
                 break
             global_batch = partitioning.host_batch_to_global(batch, trainer.batch_sharding)
-            if step == 0:
+            if step == 0 and init_from is None:
                 _sanity_check_initial_loss(trainer, state.params, global_batch, model.vocab_size,
                                            init_loss_tolerance, writer)
             state, step_metrics = trainer.train_step(state, global_batch, dropout_rng)
@@ -397,7 +397,8 @@ def train(
                 writer.print(f"epoch {iterator.epoch} finished at step {step}: "
                              + describe_epoch_stats(iterator.last_epoch_stats))
             when = dict(step=step, epochs_finished=iterator.epoch, end_of_epoch=iterator.end_of_epoch)
-            if eval_data is not None and eval_every.due(**when):
+            # The last step's evaluation comes before its checkpoint, which then records it.
+            if eval_data is not None and (eval_every.due(**when) or step == train_steps):
                 last_eval = run_eval()
             if checkpoint_every.due(**when):
                 save()

@@ -24,14 +24,24 @@ TINY_MODEL = [
 ]
 
 
+def cli_env(devices: int = 1, extra_pythonpath: str | None = None) -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout importable, `devices` host CPU devices."""
+    pythonpath = str(ROOT) if extra_pythonpath is None else f"{ROOT}{os.pathsep}{extra_pythonpath}"
+    return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONUNBUFFERED": "1", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+
+
 def run_cli(*args: str, devices: int = 1, timeout: int = 600,
             extra_pythonpath: str | None = None) -> subprocess.CompletedProcess:
     """Runs `t5x-lite ARGS` on `devices` host CPU devices and captures its output."""
-    pythonpath = str(ROOT) if extra_pythonpath is None else f"{ROOT}{os.pathsep}{extra_pythonpath}"
-    env = {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT,
+                          env=cli_env(devices, extra_pythonpath), capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(*args: str, devices: int = 1) -> subprocess.Popen:
+    """Starts `t5x-lite ARGS` with stdout and stderr merged, readable line by line as it runs."""
+    return subprocess.Popen([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=cli_env(devices),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1) -> subprocess.CompletedProcess:

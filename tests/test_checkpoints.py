@@ -273,3 +273,66 @@ def test_s3_save_resume_retention_and_uncommitted_steps(trained, s3_server, tmp_
     assert storage.exists(f"{run}/checkpoints/9/{COMMIT_MARKER}")
     info = json.loads(storage.open(f"{run}/checkpoints/9/metadata/metadata", "r").read())
     assert info["step"] == 9
+
+
+# -- faults during a save ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 600 KiB tmpfs: room for one checkpoint of the tiny state, not two."""
+    import subprocess
+
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount_point)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        pytest.skip(f"cannot mount a small tmpfs to fill ({result.stderr.strip()}); needs root")
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_full_disk_fails_the_save_loudly_and_keeps_the_earlier_checkpoint(trained, small_disk):
+    trainer, state = trained
+    checkpointer = checkpoint_lib.Checkpointer(small_disk / "run", retention=RetentionPolicy(keep_last=1))
+    _save(checkpointer, 1, state)
+    checkpointer.wait()
+    with pytest.raises(Exception, match="(?i)no space|space left|ENOSPC|resource exhausted"):
+        _save(checkpointer, 2, state)
+        checkpointer.wait()
+    try:
+        checkpointer.close()
+    except Exception:  # noqa: BLE001 - the failed save may be reported again on close
+        pass
+    reader = checkpoint_lib.Checkpointer(small_disk / "run", create=False)
+    assert reader.all_steps() == [1]
+    restored, _, _ = reader.restore(1, abstract_state=_abstract(trainer))
+    _assert_equal(restored, _saveable(state))
+    reader.close()
+
+
+def test_unreachable_bucket_fails_the_save_loudly_and_keeps_the_earlier_checkpoint(
+        trained, s3_server, tmp_path, monkeypatch):
+    import s3fs
+
+    trainer, state = trained
+    monkeypatch.setenv("T5X_LITE_STAGING_DIR", str(tmp_path / "staging"))
+    run = f"s3://{S3_BUCKET}/unreachable-run"
+    checkpointer = checkpoint_lib.Checkpointer(run, retention=RetentionPolicy(keep_last=1))
+    _save(checkpointer, 1, state)
+    checkpointer.wait()
+    # The endpoint goes away: nothing listens on port 9 of the loopback.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(Exception, match="(?i)connect|endpoint"):
+        _save(checkpointer, 2, state)
+        checkpointer.wait()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    s3fs.S3FileSystem.clear_instance_cache()
+    reader = checkpoint_lib.Checkpointer(run, create=False)
+    assert reader.all_steps() == [1]
+    restored, _, _ = reader.restore(1, abstract_state=_abstract(trainer))
+    _assert_equal(restored, _saveable(state))
+    reader.close()

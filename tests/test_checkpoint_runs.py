@@ -1,0 +1,136 @@
+"""Whole runs through the CLI: exact resume after SIGKILL and SIGTERM at random steps (1 and 8
+devices), fine-tuning from another run, a NaN stop, and a model directory on s3."""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import time
+
+import pytest
+
+from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
+from tests.test_cli_run import assert_trees_equal, final_params
+
+STEPS = 10
+# Dropout on, so that the saved RNG key matters; warmup and decay, so that the schedule does.
+COMMON = [f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.checkpoint_period=2", "--gin.train.log_period=1",
+          "--gin.OptimizerConfig.warmup_steps=3", f"--gin.OptimizerConfig.decay_steps={STEPS}",
+          "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_batches=1"]
+EXIT_PREEMPTED = 75
+
+
+def _interrupt(data_dir, model_dir, *, sig, at_step: int, delay: float, devices: int, extra=()):
+    """Starts a run and sends it `sig` `delay` seconds after it reports step `at_step`'s loss;
+    returns (exit code, output)."""
+    args = ["train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
+            f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *COMMON, *extra]
+    process = start_cli(*args, devices=devices)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(f"step {at_step}: loss="):
+            time.sleep(delay)
+            process.send_signal(sig)
+            break
+    lines.extend(process.stdout)
+    return process.wait(timeout=300), "".join(lines)
+
+
+@pytest.mark.parametrize("devices,mesh", [(1, ()), (8, ("--gin_file=mesh/fsdp_tensor.gin",))], ids=["1_device", "8_devices"])
+def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path, devices, mesh):
+    """A run killed with SIGKILL, restarted, stopped with SIGTERM, restarted again ends with the
+    same parameters, bit for bit, as a run never interrupted. The kill points are random: any
+    step, during or between (asynchronous) checkpoint writes."""
+    rng = random.Random()
+    kill_at, kill_delay = rng.randint(3, 5), rng.uniform(0.0, 0.03)
+    term_at, term_delay = rng.randint(6, 7), rng.uniform(0.0, 0.03)
+    where = f"SIGKILL {kill_delay:.3f}s after step {kill_at}, SIGTERM {term_delay:.3f}s after step {term_at}"
+
+    straight = train(data_dir, tmp_path / "straight", *COMMON, *mesh, devices=devices)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run = tmp_path / "interrupted"
+    code, out = _interrupt(data_dir, run, sig=signal.SIGKILL, at_step=kill_at, delay=kill_delay,
+                           devices=devices, extra=mesh)
+    assert code == -signal.SIGKILL, (where, out[-3000:])
+    code, out = _interrupt(data_dir, run, sig=signal.SIGTERM, at_step=term_at, delay=term_delay,
+                           devices=devices, extra=mesh)
+    assert code == EXIT_PREEMPTED, (where, out[-3000:])
+    assert "received SIGTERM: saved a checkpoint at step" in out
+    stopped_at = int(re.search(r"saved a checkpoint at step (\d+)", out).group(1))
+    assert term_at <= stopped_at < STEPS, where
+    resumed = train(data_dir, run, *COMMON, *mesh, devices=devices)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"Resuming from the checkpoint at step {stopped_at}" in resumed.stdout, where
+
+    step_a, params_a = final_params(tmp_path / "straight")
+    step_b, params_b = final_params(run)
+    assert step_a == step_b == STEPS
+    assert_trees_equal(params_a, params_b)
+    assert losses(straight.stdout)[-1] == losses(resumed.stdout)[-1]
+
+
+@pytest.fixture(scope="module")
+def source_run(data_dir, tmp_path_factory):
+    """A short trained run to start others from."""
+    model_dir = tmp_path_factory.mktemp("source") / "run"
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=8", "--gin.train.log_period=1",
+                   "--gin.OptimizerConfig.warmup_steps=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir, losses(result.stdout)
+
+
+def test_init_from_starts_a_fine_tune_and_resuming_says_it_is_not_used(data_dir, source_run, tmp_path):
+    source, source_losses = source_run
+    args = ["--gin.train.init_from=@InitFrom()", f"--gin.InitFrom.checkpoint='{source}'",
+            "--gin.OptimizerConfig.peak_learning_rate=1e-3", "--gin.train.log_period=1"]
+    first = train(data_dir, tmp_path / "tune", "--gin.TRAIN_STEPS=2", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "starting from train.init_from" in first.stdout
+    assert "Initialised 12 of 12 parameter arrays" in first.stdout
+    # Started from the trained weights: where the source run ended, far below its first step.
+    assert source_losses[-1] < source_losses[0] - 0.5
+    assert losses(first.stdout)[0] < source_losses[-1] + 0.1
+    again = train(data_dir, tmp_path / "tune", "--gin.TRAIN_STEPS=3", *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "Resuming from the checkpoint at step 2" in again.stdout
+    assert "train.init_from" in again.stdout and "is not used" in again.stdout
+
+
+def test_nan_loss_stops_before_a_checkpoint_of_it(data_dir, tmp_path):
+    result = train(data_dir, tmp_path / "nan", "--gin.TRAIN_STEPS=12", "--gin.train.checkpoint_period=3",
+                   "--gin.train.log_period=100", "--gin.OptimizerConfig.peak_learning_rate=1e12",
+                   "--gin.OptimizerConfig.warmup_steps=0", "--gin.OptimizerConfig.clip_grad_norm=None")
+    assert result.returncode == 2, result.stdout[-2000:]
+    message = re.search(r"error: The loss or gradients became NaN/Inf at step (\d+).*", result.stderr)
+    assert message, result.stderr[-2000:]
+    bad_step = int(message.group(1))
+    saved = sorted(int(p.name) for p in (tmp_path / "nan" / "checkpoints").iterdir()) if (
+        tmp_path / "nan" / "checkpoints").exists() else []
+    assert all(s < bad_step for s in saved), (saved, bad_step)
+
+
+def test_model_dir_on_s3(data_dir, s3_server, tmp_path):
+    from t5x_lite import checkpoint, storage
+    from tests.conftest import S3_BUCKET
+
+    run = f"s3://{S3_BUCKET}/cli-run"
+    result = run_cli_env(data_dir, run, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert checkpoint.Checkpointer(run, create=False).all_steps() == [4]
+    for name in ("config.gin", "vocab/spm.model"):
+        assert storage.exists(f"{run}/{name}"), name
+    assert storage.glob(f"{run}/tb/train/*")
+
+
+def run_cli_env(data_dir, run, tmp_path):
+    import os
+
+    os.environ["T5X_LITE_STAGING_DIR"] = str(tmp_path / "staging")
+    try:
+        return train(data_dir, run, "--gin.TRAIN_STEPS=4", "--gin.train.checkpoint_period=2",
+                     "--gin.RetentionPolicy.keep_last=1")
+    finally:
+        del os.environ["T5X_LITE_STAGING_DIR"]
