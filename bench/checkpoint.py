@@ -232,29 +232,28 @@ def timed_restore(model_dir: str, abstract: dict) -> float:
     return seconds
 
 
+def timed_save(model_dir: str, state: dict, num_params: int, *, async_save: bool) -> tuple[float, float]:
+    """(seconds the caller was blocked, seconds until the step was written) of one save."""
+    release_memory()
+    ckpt = checkpointer(model_dir, async_save=async_save)
+    start = time.perf_counter()
+    blocked = ckpt.save(STEP, state=state, **save_args(num_params))
+    ckpt.wait()
+    total = time.perf_counter() - start
+    ckpt.close()
+    return blocked, total
+
+
 def repetition(root: str, index: int, state: dict, abstract: dict, num_params: int) -> dict:
     """One of each measurement; the model directories are deleted at the end."""
     sync_dir, async_dir = os.path.join(root, f"sync_{index}"), os.path.join(root, f"async_{index}")
     out = {}
     try:
         common.progress(f"checkpoint: repetition {index}: synchronous save")
-        release_memory()
-        ckpt = checkpointer(sync_dir, async_save=False)
-        start = time.perf_counter()
-        out["sync_returned_s"] = ckpt.save(STEP, state=state, **save_args(num_params))
-        ckpt.wait()
-        out["sync_s"] = time.perf_counter() - start
-        ckpt.close()
+        out["sync_returned_s"], out["sync_s"] = timed_save(sync_dir, state, num_params, async_save=False)
         _, out["fsync_after_sync_s"] = common.timed(lambda: fsync_files(step_dir(sync_dir)))
-
         common.progress(f"checkpoint: repetition {index}: asynchronous save")
-        release_memory()
-        ckpt = checkpointer(async_dir, async_save=True)
-        start = time.perf_counter()
-        out["async_blocked_s"] = ckpt.save(STEP, state=state, **save_args(num_params))
-        ckpt.wait()
-        out["async_total_s"] = time.perf_counter() - start
-        ckpt.close()
+        out["async_blocked_s"], out["async_total_s"] = timed_save(async_dir, state, num_params, async_save=True)
 
         common.progress(f"checkpoint: repetition {index}: restore (page cache, then disk)")
         release_memory()
