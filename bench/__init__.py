@@ -4,8 +4,10 @@
   compile_time   train-step compile time, scan_layers True vs False, by layer count
   remat_memory   compiled train-step memory (memory_analysis) for every remat policy
   throughput     train tokens/s and MFU of the LLaMA, GPT-2 and T5 families, fp32 and bf16
+  input_pipeline input pipeline tokens/s vs. train-step consumption; epoch counting; iterator restore
+  checkpoint     checkpoint save/restore GB/s vs. the disk's dd speed; async save blocked time
   gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)
-  all            the four CPU benchmarks in sequence
+  all            every CPU benchmark above in sequence
 
 Each prints a header line (date, CPU, cores, accelerator, versions, the exact command), a
 markdown table, and the settings it ran with. `--quick` uses tiny sizes, to check the scripts.
