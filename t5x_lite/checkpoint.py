@@ -20,6 +20,7 @@ that is listed is a whole one (on `s3://`, see s3_mirror.py: a COMMITTED marker 
 from __future__ import annotations
 
 import os
+import posixpath
 import time
 from typing import Any, Callable
 
@@ -28,9 +29,9 @@ import orbax.checkpoint as ocp
 
 from t5x_lite import storage
 from t5x_lite.retention import RetentionPolicy, steps_to_keep
-from t5x_lite.s3_mirror import S3Mirror
+# One name for the checkpoints' folder, shared with the s3 mirror's layout.
+from t5x_lite.s3_mirror import CHECKPOINTS as CHECKPOINTS_SUBDIR, S3Mirror
 
-CHECKPOINTS_SUBDIR = "checkpoints"
 DAMAGED_SUBDIR = "checkpoints_damaged"
 
 
@@ -42,8 +43,35 @@ class NoUsableCheckpointError(ValueError):
     """Checkpoints exist but none of them can be restored; nothing was changed."""
 
 
+class CheckpointNotFoundError(ValueError):
+    """The path or step named holds no checkpoint."""
+
+
 def checkpoints_dir(model_dir: str) -> str:
     return storage.join(storage.absolute(model_dir), CHECKPOINTS_SUBDIR)
+
+
+def locate(path: str, step: int | None = None) -> tuple[str, int]:
+    """(model directory, step) of a model directory (its latest step unless `step`) or of a step
+    directory MODEL_DIR/checkpoints/<step>; raises CheckpointNotFoundError naming what exists."""
+    path = storage.absolute(os.fspath(path)).rstrip("/")
+    split = posixpath.split if storage.is_url(path) else os.path.split
+    parent, name = split(path)
+    if name.isdigit() and split(parent)[1] == CHECKPOINTS_SUBDIR:
+        if step is not None and step != int(name):
+            raise CheckpointNotFoundError(f"{path} is the checkpoint of step {name}, not of step {step}.")
+        return split(parent)[0], int(name)
+    checkpointer = Checkpointer(path, create=False)
+    steps = checkpointer.all_steps()
+    checkpointer.close()
+    if not steps:
+        raise CheckpointNotFoundError(f"no checkpoint in {path}; name a model directory with checkpoints/ "
+                                      "(a trained run's MODEL_DIR) or a step directory MODEL_DIR/checkpoints/<step>.")
+    if step is None:
+        return path, steps[-1]
+    if step not in steps:
+        raise CheckpointNotFoundError(f"no checkpoint at step {step} in {path}; available: {steps}.")
+    return path, step
 
 
 class Checkpointer:
@@ -118,27 +146,33 @@ class Checkpointer:
         return time.perf_counter() - start
 
     def _saved_metrics(self, step: int) -> dict[str, float]:
+        """The metrics saved with `step` (read once; on s3 from its metadata object, not the step)."""
         if step not in self._metrics:
             try:
-                self._metrics[step] = self.metadata(step).get("metrics", {})
+                metadata = self._mirror.saved_metadata(step) if self._mirror else self.metadata(step)
+                self._metrics[step] = metadata.get("metrics", {})
             except Exception:  # noqa: BLE001 - an unreadable step has no metrics to rank
                 self._metrics[step] = {}
         return self._metrics[step]
 
+    def _dropped_by_retention(self, steps: set[int]) -> list[int]:
+        """The finished `steps` the policy does not keep (metrics are read only to rank the best)."""
+        metrics = {s: self._saved_metrics(s) for s in steps} if self._retention.keep_best else {}
+        return sorted(steps - steps_to_keep(steps, metrics, self._retention))
+
     def _apply_retention(self, *, in_flight: int | None = None) -> None:
         """Deletes what the policy drops among finished steps; the one in flight does not count yet,
         so a save that fails never leaves the directory with fewer good checkpoints."""
-        steps = set(self._manager.all_steps()) - {in_flight}
-        keep = steps_to_keep(steps, {s: self._saved_metrics(s) for s in steps}, self._retention)
-        for step in sorted(steps - keep):
+        for step in self._dropped_by_retention(set(self._manager.all_steps()) - {in_flight}):
             self._manager.delete(step)
 
     def _committed_on_s3(self, step: int) -> None:
-        steps = sorted(set(self._remote_steps) | {step})
-        keep = steps_to_keep(steps, {s: self._saved_metrics(s) for s in steps}, self._retention)
-        for old in sorted(set(steps) - keep - {step}):
+        """Runs in the upload thread once `step` is committed: retention over the steps on s3."""
+        steps = set(self._remote_steps) | {step}
+        dropped = [s for s in self._dropped_by_retention(steps) if s != step]
+        for old in dropped:
             self._mirror.delete_step(old)
-        self._remote_steps = sorted(keep | {step})
+        self._remote_steps = sorted(steps - set(dropped))
 
     def _drop_staged_steps_before(self, step: int) -> None:
         """Empties the s3 staging directory of uploaded steps before writing a new one."""

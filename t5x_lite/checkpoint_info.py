@@ -34,12 +34,9 @@ def _array_summary(shapes: Any) -> dict[str, tuple[int, int, int]]:
 
 def describe(path: str, step: int | None = None) -> dict[str, Any]:
     """Everything `info` prints, as a dict (tested directly)."""
-    from t5x_lite import checkpoint, init_from, loops
+    from t5x_lite import checkpoint
 
-    try:
-        model_dir, step = init_from.resolve(init_from.InitFrom(checkpoint=path, step=step))
-    except init_from.InitFromError as e:
-        raise loops.RunConfigError(str(e).replace("train.init_from: ", "")) from None
+    model_dir, step = checkpoint.locate(path, step)
     checkpointer = checkpoint.Checkpointer(model_dir, create=False)
     try:
         metadata = checkpointer.metadata(step)

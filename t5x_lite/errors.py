@@ -21,7 +21,7 @@ def bad_input_types() -> tuple[type[BaseException], ...]:
     from t5x_lite import cache_tasks, checkpoint, config, init_from, input_pipeline, loops, prepare, storage
 
     return (config.ConfigError, loops.RunConfigError, loops.NonFiniteLossError, checkpoint.CheckpointMismatchError,
-            checkpoint.NoUsableCheckpointError, init_from.InitFromError, ConfigValueError,
+            checkpoint.NoUsableCheckpointError, checkpoint.CheckpointNotFoundError, init_from.InitFromError, ConfigValueError,
             TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
             input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError)
 

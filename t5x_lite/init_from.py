@@ -8,14 +8,12 @@ optimizer or schedule. Parameter paths are '/'-joined names such as
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError
 
 
@@ -118,23 +116,10 @@ def resolve(init: InitFrom) -> tuple[str, int]:
     """(model directory, step) named by `init.checkpoint` and `init.step`."""
     from t5x_lite import checkpoint
 
-    path = storage.absolute(init.checkpoint).rstrip("/")
-    parent, name = os.path.split(path) if not storage.is_url(path) else path.rsplit("/", 1)
-    if name.isdigit() and os.path.basename(parent) == checkpoint.CHECKPOINTS_SUBDIR:
-        model_dir, step = os.path.dirname(parent) if not storage.is_url(parent) else parent.rsplit("/", 1)[0], int(name)
-        if init.step is not None and init.step != step:
-            raise InitFromError(f"InitFrom.checkpoint names step {step} but InitFrom.step={init.step}.")
-        return model_dir, step
-    checkpointer = checkpoint.Checkpointer(path, create=False)
-    steps = checkpointer.all_steps()
-    checkpointer.close()
-    if not steps:
-        raise InitFromError(f"train.init_from: no checkpoint in {path}; name a model directory with "
-                            "checkpoints/ or a step directory MODEL_DIR/checkpoints/<step>.")
-    step = steps[-1] if init.step is None else init.step
-    if step not in steps:
-        raise InitFromError(f"train.init_from: no checkpoint at step {step} in {path}; available: {steps}.")
-    return path, step
+    try:
+        return checkpoint.locate(init.checkpoint, init.step)
+    except checkpoint.CheckpointNotFoundError as e:
+        raise InitFromError(f"train.init_from: {e}") from None
 
 
 def load_params(init: InitFrom, *, target_params: Any, warn: Callable[[str], None]) -> Any:

@@ -15,6 +15,7 @@ a save is visible only once complete. Resuming on another machine downloads the 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import shutil
@@ -64,6 +65,11 @@ class S3Mirror:
             if name.isdigit():
                 steps.append(int(name))
         return sorted(steps)
+
+    def saved_metadata(self, step: int) -> dict:
+        """The metadata item (JSON) of a committed step, read from s3 without fetching the step."""
+        with storage.open(storage.join(self._remote_step(step), "metadata", "metadata"), "r") as f:
+            return json.load(f)
 
     def fetch(self, step: int) -> None:
         """Makes the local staging copy of `step` complete, downloading it when absent."""

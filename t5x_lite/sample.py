@@ -18,14 +18,8 @@ def load_params(model_dir: str, step: int | None = None):
     """(model config, params, step) of a checkpoint in `model_dir` (the latest by default)."""
     from t5x_lite import checkpoint, loops, models
 
+    model_dir, step = checkpoint.locate(model_dir, step)
     checkpoints = checkpoint.Checkpointer(model_dir, create=False)
-    steps = checkpoints.all_steps()
-    if not steps:
-        raise loops.RunConfigError(f"No checkpoint in {checkpoint.checkpoints_dir(model_dir)}; train first "
-                                   "or pass the --model_dir of a trained run.")
-    step = max(steps) if step is None else step
-    if step not in steps:
-        raise loops.RunConfigError(f"No checkpoint at step {step} in {model_dir}; available: {sorted(steps)}.")
     metadata = checkpoints.metadata(step)
     params = checkpoints.restore_params(step)
     checkpoints.close()

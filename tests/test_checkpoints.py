@@ -336,3 +336,46 @@ def test_unreachable_bucket_fails_the_save_loudly_and_keeps_the_earlier_checkpoi
     restored, _, _ = reader.restore(1, abstract_state=_abstract(trainer))
     _assert_equal(restored, _saveable(state))
     reader.close()
+
+
+def test_checkpoint_info_describes_a_step_without_loading_it(trained, tmp_path):
+    from t5x_lite import checkpoint_info
+
+    _, state = trained
+    checkpointer = checkpoint_lib.Checkpointer(tmp_path)
+    for step in (3, 6):
+        _save(checkpointer, step, state, metrics={"eval/loss": 2.5})
+    checkpointer.close()
+    info = checkpoint_info.describe(str(tmp_path))
+    assert info["step"] == 6 and info["steps_present"] == [3, 6]
+    assert info["metadata"]["family"] == "decoder_only" and info["metadata"]["metrics"] == {"eval/loss": 2.5}
+    assert info["data_iterator"] == {"epoch": 0, "batches_in_epoch": 6}
+    num_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    assert info["arrays"]["params"][1] == num_params and info["arrays"]["params"][2] == 4 * num_params
+    assert info["config"] == "train.seed = 0\n"
+    text = checkpoint_info.format_info(info)
+    assert f"params: {len(jax.tree.leaves(state.params))} arrays, {num_params:,} values" in text
+    # A step directory names its own step; a step that is not there is an error naming those that are.
+    assert checkpoint_info.describe(str(tmp_path / "checkpoints" / "3"))["step"] == 3
+    with pytest.raises(checkpoint_lib.CheckpointNotFoundError, match=r"available: \[3, 6\]"):
+        checkpoint_info.describe(str(tmp_path), step=4)
+    with pytest.raises(checkpoint_lib.CheckpointNotFoundError, match="no checkpoint in"):
+        checkpoint_info.describe(str(tmp_path / "empty"))
+
+
+def test_s3_keep_best_ranks_steps_saved_by_an_earlier_run(trained, s3_server, tmp_path, monkeypatch):
+    """The metrics of steps already on s3 are read from their metadata objects to rank them."""
+    _, state = trained
+    run = f"s3://{S3_BUCKET}/best-run"
+    policy = RetentionPolicy(keep_last=1, keep_best=1)
+    monkeypatch.setenv("T5X_LITE_STAGING_DIR", str(tmp_path / "first"))
+    checkpointer = checkpoint_lib.Checkpointer(run, retention=policy)
+    for step in (1, 2, 3):
+        _save(checkpointer, step, state, metrics={"eval/loss": float(step)})
+    checkpointer.close()
+    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [1, 3]
+    monkeypatch.setenv("T5X_LITE_STAGING_DIR", str(tmp_path / "second"))
+    checkpointer = checkpoint_lib.Checkpointer(run, retention=policy)
+    _save(checkpointer, 4, state, metrics={"eval/loss": 4.0})
+    checkpointer.close()
+    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [1, 4]
