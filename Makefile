@@ -25,6 +25,7 @@ $(DATA_DIR)/metadata.json: | install
 
 quickstart: install data
 	$(BIN)/t5x-lite train --gin_file=runs/quickstart.gin --gin.DATA_DIR="'$(DATA_DIR)'"
+	$(BIN)/t5x-lite eval --gin_file=runs/quickstart_eval.gin --gin.DATA_DIR="'$(DATA_DIR)'"
 	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
 
 test: install

@@ -3,6 +3,8 @@
     t5x-lite prepare --input=PATH --out=DIR      text/jsonl -> SentencePiece vocab + TFRecords
     t5x-lite cache --gin_file=FILE --output_cache_dir=DIR   preprocess tasks offline (Apache Beam)
     t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
+    t5x-lite eval --gin_file=runs/eval.gin ...   perplexity, multiple choice, seqio metrics of checkpoints
+    t5x-lite infer --gin_file=runs/infer.gin ... prompts -> jsonl of outputs (resumable, sharded)
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
     t5x-lite checkpoint info PATH                what a checkpoint holds (model, step, data position)
 """
@@ -17,6 +19,8 @@ COMMANDS = {
     "prepare": ("t5x_lite.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
     "cache": ("t5x_lite.cache_tasks", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
+    "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),
+    "infer": ("t5x_lite.infer", "generate outputs for a jsonl of prompts or a task (resumable, sharded)"),
     "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
     "checkpoint": ("t5x_lite.checkpoint_info", "`checkpoint info PATH`: what a checkpoint holds"),
 }

@@ -92,6 +92,25 @@ def text_task(*, name: str, splits: dict[str, str], vocabulary: str, file_format
                           text_field=text_field, on_bad_line=on_bad_line)
 
 
+def text_to_text_task(*, name: str, splits: dict[str, str], vocabulary: str, metrics: tuple[str, ...] = ("accuracy",),
+                      inputs_field: str = "inputs", targets_field: str = "targets") -> str:
+    """Registers a task `name` of (inputs, targets) text pairs with metrics and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      splits: jsonl file pattern per split, for example {'validation': 'data/qa.val.jsonl'}.
+      vocabulary: a SentencePiece model file (such as a run's MODEL_DIR/vocab/spm.model), or 'byte'.
+      metrics: seqio metric functions by name: accuracy, sequence_accuracy, bleu, rouge
+        (prediction metrics) and log_likelihood (a score metric); see tasks/text_to_text.py.
+      inputs_field: the jsonl field holding the inputs text.
+      targets_field: the jsonl field holding the targets text.
+    """
+    from tasks import text_to_text
+
+    return text_to_text.text_to_text_task(name=name, splits=splits, vocabulary=vocabulary, metrics=metrics,
+                                          inputs_field=inputs_field, targets_field=targets_field)
+
+
 def mixture(*, name: str, tasks: list[tuple[str, float]], exhaust_all_tasks: bool = False) -> str:
     """Registers a seqio mixture `name` of registered tasks sampled by rate and returns the name.
 
@@ -111,7 +130,7 @@ def register_configurables() -> None:
     """Makes the library's functions and config classes bindable by these gin names."""
     if any(selector.split(".")[-1] == "train" for selector, _ in _registry_items()):
         return
-    from t5x_lite import data, init_from, loops, optim, retention, trainer
+    from t5x_lite import data, eval_loop, infer_loop, init_from, loops, optim, predict, retention, trainer
     from t5x_lite.models import decoder_only, encoder_decoder
 
     gin.external_configurable(loops.train, "train")
@@ -126,7 +145,14 @@ def register_configurables() -> None:
     gin.external_configurable(span_corruption_task, "span_corruption_task")
     gin.external_configurable(prefix_lm_task, "prefix_lm_task")
     gin.external_configurable(text_task, "text_task")
+    gin.external_configurable(text_to_text_task, "text_to_text_task")
     gin.external_configurable(mixture, "mixture")
+    gin.external_configurable(eval_loop.evaluate, "evaluate")
+    gin.external_configurable(eval_loop.PerplexityEval, "PerplexityEval")
+    gin.external_configurable(eval_loop.MultipleChoiceEval, "MultipleChoiceEval")
+    gin.external_configurable(eval_loop.SeqioEval, "SeqioEval")
+    gin.external_configurable(predict.DecodingConfig, "DecodingConfig")
+    gin.external_configurable(infer_loop.infer, "infer")
 
 
 def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -149,6 +175,14 @@ def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str
         else:
             rest.append(arg)
     return files, bindings, paths, rest
+
+
+def parse_command_line(argv: Sequence[str], *, usage: str) -> None:
+    """Parses --gin_file / --gin.KEY=VALUE / --gin_search_paths flags; anything else is an error showing `usage`."""
+    files, bindings, paths, rest = split_gin_flags(argv)
+    if rest:
+        raise ConfigError(f"Unknown arguments {rest}.\n{usage}")
+    parse(gin_files=files, gin_bindings=bindings, gin_search_paths=paths)
 
 
 def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),

@@ -6,7 +6,7 @@ The batches themselves come from `t5x_lite.input_pipeline`.
 from __future__ import annotations
 
 import dataclasses
-from t5x_lite.errors import ConfigValueError
+from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
 
@@ -116,7 +116,7 @@ def get_task(name: str):
         return seqio.get_mixture_or_task(name)
     except ValueError:
         known = sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())
-        raise ValueError(
+        raise TaskDataError(
             f"No seqio task or mixture named {name!r}. Known: {known}. Register it in a module "
             "and name that module with --gin.MIXTURE_OR_TASK_MODULE=\"'my.module'\"."
         ) from None

@@ -16,6 +16,14 @@ class TaskDataError(ValueError):
     """A task's data is missing, empty or malformed (raised by the task modules in tasks/)."""
 
 
+class EvalDataError(TaskDataError):
+    """An evaluation file is malformed (the message names the file and line)."""
+
+
+class EmptyEvalSetError(EvalDataError):
+    """An evaluation set has nothing to score: no tokens, no examples."""
+
+
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
     from t5x_lite import cache_tasks, checkpoint, config, init_from, input_pipeline, loops, prepare, storage

@@ -19,7 +19,7 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import decoding, init_from as init_from_lib, input_pipeline, metrics, partitioning, storage
+from t5x_lite import decoding, eval_loop, init_from as init_from_lib, input_pipeline, metrics, partitioning, storage
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.preemption import Preempted, PreemptionWatcher
 from t5x_lite.retention import RetentionPolicy
@@ -186,8 +186,9 @@ def train(
     seed: int = 0,
     peak_flops_per_device: float | None = None,
     init_loss_tolerance: float = 1.0,
-    sample_prompt: str | None = None,
+    sample_prompt: str | Sequence[str] | None = None,
     sample_max_new_tokens: int = 64,
+    multiple_choice: Sequence[eval_loop.MultipleChoiceEval] = (),
     progress_bar: bool | None = None,
     task_module: str | None = None,
 ) -> dict[str, float]:
@@ -220,8 +221,11 @@ def train(
       seed: seeds parameter init and dropout (the data seed is train_data.seed).
       peak_flops_per_device: peak FLOP/s of one device, for MFU (None: MFU not reported).
       init_loss_tolerance: warn when the step-0 loss is further than this from ln(vocab).
-      sample_prompt: after training, print a sample continuing this prompt (None: no sample).
-      sample_max_new_tokens: length of that sample.
+      sample_prompt: a prompt (or a list of prompts) whose sampled continuations are printed at
+        every evaluation and after training (decoder-only models; None: no samples).
+      sample_max_new_tokens: length of those samples.
+      multiple_choice: multiple-choice sets (eval_loop.MultipleChoiceEval, decoder-only models)
+        scored at every evaluation; acc and acc_norm go to the log and TensorBoard.
       progress_bar: show a progress bar (None: only when stderr is a terminal).
       task_module: a module to import first that registers the user's own seqio tasks.
     """
@@ -240,6 +244,9 @@ def train(
     vocab_size = _validate(model=model, train_data=train_data, eval_data=eval_data, train_steps=train_steps,
                            num_epochs=num_epochs, microbatches=microbatches, batch_shards=batch_shards)
     metadata = run_metadata(model=model, train_data=train_data, vocab_size=vocab_size, mesh_axes=mesh_axes)
+    if multiple_choice and (model.family != "decoder_only" or eval_data is None):
+        raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
+                             "a decoder-only model and train.eval_data.")
     is_chief = jax.process_index() == 0
 
     # Decide what to start from before anything is written to the model directory.
@@ -372,10 +379,29 @@ def train(
         writer.scalars("eval", step, result)
         writer.print(f"step {step}: validation loss {result['loss']:.4f}, perplexity {result['perplexity']:.2f} "
                      f"({int(result['tokens'])} tokens)")
+        for mc in multiple_choice:
+            scores = eval_loop.score_multiple_choice_set(mc, model=model, params=state.params,
+                                                         encode=lambda text: list(vocabulary.encode(text)))
+            writer.scalars(mc.name, step, scores)
+            writer.print(f"step {step}: {mc.name} acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
+                         f"({int(scores['examples'])} examples)")
+        show_samples()
         nonlocal evaluated_at
         evaluated_at = step
         return result
 
+    def show_samples():
+        if not prompts or not is_chief:
+            return
+        texts = sample_texts(model=model, params=state.params, vocabulary=vocabulary, prompts=prompts,
+                             max_new_tokens=sample_max_new_tokens, seed=seed + step)
+        writer.print(f"step {step} samples:" + "".join(f"\n--- {p!r}\n{p}{t}" for p, t in zip(prompts, texts)))
+
+    vocabulary = data_lib.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
+    prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt or ())
+    if prompts and model.family != "decoder_only":
+        writer.print("samples skipped: sampling during training supports decoder-only models")
+        prompts = []
     watcher = PreemptionWatcher().__enter__()
     try:
         # Check the step limit before taking a batch: a batch taken is a batch the saved
@@ -415,13 +441,8 @@ def train(
         if last_saved != step:
             save()
         checkpoints.wait()
-        if sample_prompt is not None and is_chief and model.family != "decoder_only":
-            writer.print("sample skipped: sampling after training supports decoder-only models")
-        elif sample_prompt is not None and is_chief:
-            vocabulary = data_lib.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
-            text = sample_text(model=model, params=state.params, vocabulary=vocabulary, prompt=sample_prompt,
-                               max_new_tokens=sample_max_new_tokens, seed=seed)
-            writer.print(f"sample:\n{sample_prompt}{text}")
+        if eval_data is None:
+            show_samples()
     finally:
         watcher.__exit__(None, None, None)
         iterator.close()
@@ -465,17 +486,15 @@ def summarize_window(step_metrics: Sequence[dict[str, Any]], *, seconds: float, 
     return summary
 
 
-def sample_text(*, model: ModelConfig, params: Any, vocabulary: Any, prompt: str,
-                max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
-                top_p: float = 1.0) -> str:
-    """Decodes a continuation of `prompt` as text."""
-    params = jax.device_get(params)
-    tokens = decoding.generate(
-        model=model.make_module(), params=params, prompt=list(vocabulary.encode(prompt)),
-        max_new_tokens=max_new_tokens, max_len=model.max_len, rng=jax.random.PRNGKey(seed),
-        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id,
-    )
-    return vocabulary.decode(tokens)
+def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: Sequence[str],
+                 max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 1.0) -> list[str]:
+    """Decodes a sampled continuation of each prompt as text (one batch, KV-cached)."""
+    tokens = decoding.generate_batch(
+        model=model, params=params, prompts=[list(vocabulary.encode(p)) for p in prompts],
+        max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed), temperature=temperature, top_k=top_k,
+        top_p=top_p, eos_id=vocabulary.eos_id)
+    return [vocabulary.decode(t) for t in tokens]
 
 
 def initial_loss_warning(loss: float, vocab_size: int, tolerance: float) -> str | None:

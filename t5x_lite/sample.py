@@ -7,26 +7,11 @@ sizes, vocab/spm.model the vocabulary), so no gin file is needed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
 from t5x_lite import errors
-
-
-def load_params(model_dir: str, step: int | None = None):
-    """(model config, params, step) of a checkpoint in `model_dir` (the latest by default)."""
-    from t5x_lite import checkpoint, loops, models
-
-    model_dir, step = checkpoint.locate(model_dir, step)
-    checkpoints = checkpoint.Checkpointer(model_dir, create=False)
-    metadata = checkpoints.metadata(step)
-    params = checkpoints.restore_params(step)
-    checkpoints.close()
-    if metadata["family"] != "decoder_only":
-        raise loops.RunConfigError(f"{model_dir} holds a model of family {metadata['family']!r}; `sample` generates "
-                                   "from decoder-only models.")
-    return models.config_from_dict(metadata["family"], metadata["model"]), params, step
+from t5x_lite.errors import ConfigValueError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,16 +26,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with errors.reported():
-        import seqio
+        from t5x_lite import loops, restored_model
 
-        from t5x_lite import loops
-
-        model, params, step = load_params(args.model_dir, args.step)
-        vocabulary = seqio.SentencePieceVocabulary(os.path.join(args.model_dir, "vocab", "spm.model"))
-        text = loops.sample_text(model=model, params=params, vocabulary=vocabulary, prompt=args.prompt,
-                                 max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        print(f"[step {step}]\n{args.prompt}{text}")
+        restored = restored_model.restore(args.model_dir, step=args.step)
+        if restored.config.family != "decoder_only":
+            raise ConfigValueError(f"{args.model_dir} holds a {restored.config.family} model; `sample` continues "
+                                   "text with decoder-only models (use `t5x-lite infer` for encoder-decoders).")
+        [text] = loops.sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
+                                    prompts=[args.prompt], max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        print(f"[step {restored.step}]\n{args.prompt}{text}")
     return 0
 
 

@@ -123,7 +123,7 @@ def walk_files(path: str) -> list[str]:
 def rename(source: str, destination: str) -> None:
     """Moves a file or directory tree (on object stores: copies every object, then deletes)."""
     if not is_url(source):
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        os.makedirs(os.path.dirname(destination) or ".", exist_ok=True)
         os.rename(source, destination)
         return
     for path in walk_files(source):

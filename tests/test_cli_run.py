@@ -10,10 +10,10 @@ from tests.cli_helpers import TINY_MODEL, losses, run_cli, train
 
 
 def final_params(model_dir: Path) -> dict:
-    from t5x_lite import sample
+    from t5x_lite import restored_model
 
-    _, params, step = sample.load_params(str(model_dir))
-    return step, params
+    restored = restored_model.restore(str(model_dir))
+    return restored.step, restored.params
 
 
 def assert_trees_equal(a, b) -> None:
@@ -41,7 +41,7 @@ def test_train_loss_falls_and_sample(data_dir, tmp_path):
     assert checkpoints == [30, 40]  # the last keep_last=2 of 10, 20, 30, 40
     assert list((tmp_path / "run" / "tb" / "train").glob("events.out.tfevents.*"))
     assert list((tmp_path / "run" / "tb" / "eval").glob("events.out.tfevents.*"))
-    assert "sample:\ndef " in result.stdout
+    assert "step 40 samples:\n--- 'def '\ndef " in result.stdout
 
     sampled = run_cli("sample", f"--model_dir={tmp_path / 'run'}", "--prompt=import ", "--max_new_tokens=8")
     assert sampled.returncode == 0, sampled.stderr[-3000:]

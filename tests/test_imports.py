@@ -16,7 +16,7 @@ def test_import_does_not_pull_in_tensorflow_or_t5():
 def test_cli_help_lists_the_commands():
     out = subprocess.run([sys.executable, "-m", "t5x_lite.cli", "--help"], cwd=ROOT, capture_output=True,
                          text=True, check=True)
-    for command in ("prepare", "train", "sample"):
+    for command in ("prepare", "train", "eval", "infer", "sample", "checkpoint"):
         assert command in out.stdout
 
 

@@ -121,12 +121,14 @@ class DecoderBlock(nn.Module):
     """Pre-norm block: x + Attn(norm(x)); x + MLP(norm(x)). Returns (x, None) for scan.
 
     `is_causal=False` means `mask` is the whole attention pattern (a prefix LM's), not only
-    the packed-segment mask that the attention's own causal mask is added to.
+    the packed-segment mask that the attention's own causal mask is added to. `decode=True`
+    keeps the attention's keys and values in a KV cache (layers.Attention, kv_cache='append').
     """
 
     config: DecoderConfig
     deterministic: bool
     is_causal: bool = True
+    decode: bool = False
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, positions: Array):
@@ -139,7 +141,9 @@ class DecoderBlock(nn.Module):
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,
                              use_rope=cfg.position_embedding == "rope",
                              rope_max_wavelength=cfg.rope_max_wavelength, use_bias=cfg.use_bias,
-                             is_causal=self.is_causal, implementation=implementation, name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
+                             is_causal=self.is_causal, implementation=implementation,
+                             kv_cache="append" if self.decode else "none",
+                             name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         h = norm(dtype=dtype, name="mlp_norm")(x)
         h = layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, use_bias=cfg.use_bias, name="mlp")(h)
@@ -154,6 +158,11 @@ class Decoder(nn.Module):
     converter can be passed as keyword arguments. With `decoder_causal_attention` (prefix LM:
     1 on the prefix positions) the prefix attends to itself bidirectionally and every later
     position stays causal.
+
+    `decode=True` runs on a KV cache (the mutable 'cache' collection): the tokens are the new
+    ones only (a whole prompt to prefill, then one per step), `decoder_positions` their
+    positions, and `cache_mask` [batch, cache_length] is False on the cache slots that hold
+    left padding. `init` with `decode=True` sizes the cache from its inputs' length.
     """
 
     config: DecoderConfig
@@ -166,21 +175,29 @@ class Decoder(nn.Module):
         decoder_segment_ids: Array | None = None,
         decoder_causal_attention: Array | None = None,
         deterministic: bool = True,
+        decode: bool = False,
+        cache_mask: Array | None = None,
     ) -> Array:
         cfg = self.config
         dtype = cfg.compute_dtype
         tokens = decoder_input_tokens
-        if cfg.position_embedding == "learned" and tokens.shape[-1] > cfg.max_len:
-            raise ValueError(f"Sequence length {tokens.shape[-1]} exceeds the learned position table "
-                             f"(max_len={cfg.max_len}).")
         positions = decoder_positions
         if positions is None:
+            if cfg.position_embedding == "learned" and tokens.shape[-1] > cfg.max_len:
+                raise ValueError(f"Sequence length {tokens.shape[-1]} exceeds the learned position table "
+                                 f"(max_len={cfg.max_len}).")
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[-1]), tokens.shape)
         # Causality comes from the attention's is_causal; the mask only keeps packed examples apart.
         # A prefix LM's mask is not causal within the prefix, so it carries causality itself.
         is_causal = decoder_causal_attention is None
         mask = None
-        if not is_causal:
+        if decode:
+            if not is_causal or decoder_segment_ids is not None:
+                raise ValueError("decode=True runs a causal LM over one sequence per row: it takes cache_mask, "
+                                 "not decoder_causal_attention or decoder_segment_ids.")
+            if cache_mask is not None:
+                mask = cache_mask[:, None, None, :]
+        elif not is_causal:
             mask = layers.make_prefix_lm_mask(decoder_causal_attention, decoder_segment_ids)
         elif decoder_segment_ids is not None:
             mask = layers.make_bidirectional_mask(decoder_segment_ids, decoder_segment_ids)
@@ -195,7 +212,7 @@ class Decoder(nn.Module):
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=2)
-        x, _ = blocks(cfg, deterministic, is_causal)(x, mask, positions)
+        x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions)
         x = layers.NORMS[cfg.norm](dtype=dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)

@@ -103,9 +103,9 @@ class T5Config(ModelConfigBase):
         return per_target + per_input * inputs_length / seq_len
 
 
-def _attention(cfg: T5Config, name: str) -> layers.Attention:
+def _attention(cfg: T5Config, name: str, kv_cache: str = "none") -> layers.Attention:
     return layers.Attention(cfg.num_heads, cfg.num_heads, cfg.head_dim, cfg.compute_dtype, use_rope=False,
-                            fold_scale_into_query=True, name=name)
+                            fold_scale_into_query=True, kv_cache=kv_cache, name=name)
 
 
 class EncoderBlock(nn.Module):
@@ -127,20 +127,26 @@ class EncoderBlock(nn.Module):
 
 
 class DecoderBlock(nn.Module):
-    """Causal self-attention, cross-attention to the encoder, MLP; each pre-norm and residual."""
+    """Causal self-attention, cross-attention to the encoder, MLP; each pre-norm and residual.
+
+    `decode=True`: the self-attention appends to a KV cache; the cross-attention caches the k/v
+    of `encoded` when given it and reuses them when `encoded` is None.
+    """
 
     config: T5Config
     deterministic: bool
+    decode: bool = False
 
     @nn.compact
-    def __call__(self, y: Array, encoded: Array, self_mask: Array, cross_mask: Array, bias: Array):
+    def __call__(self, y: Array, encoded: Array | None, self_mask: Array | None, cross_mask: Array, bias: Array):
         cfg, dtype = self.config, self.config.compute_dtype
         dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)  # noqa: E731
+        self_cache, cross_cache = ("append", "fixed") if self.decode else ("none", "none")
         y = layers.with_logical_constraint(y, ("batch", "length", "embed"))
         h = layers.RMSNorm(dtype=dtype, name="attn_norm")(y)
-        y = y + dropout(_attention(cfg, "attention")(h, h, self_mask, bias=bias))
+        y = y + dropout(_attention(cfg, "attention", self_cache)(h, h, self_mask, bias=bias))
         h = layers.RMSNorm(dtype=dtype, name="cross_attn_norm")(y)
-        y = y + dropout(_attention(cfg, "cross_attention")(h, encoded, cross_mask))
+        y = y + dropout(_attention(cfg, "cross_attention", cross_cache)(h, encoded, cross_mask))
         h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(y)
         y = y + dropout(layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h))
         return layers.with_logical_constraint(y, ("batch", "length", "embed")), None
@@ -172,23 +178,33 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """Target ids (shifted right) + encoded inputs -> float32 logits [batch, length, vocab]."""
+    """Target ids (shifted right) + encoded inputs -> float32 logits [batch, length, vocab].
+
+    `decode=True` runs on a KV cache (see EncoderDecoder.decode): causality comes from the
+    cache, and the relative bias spans all `max_decode_length` cache slots, from which each
+    attention layer takes the rows of its new tokens at its cache index.
+    """
 
     config: T5Config
     embed: nn.Module
 
     @nn.compact
-    def __call__(self, tokens: Array, encoded: Array, segment_ids: Array, encoder_segment_ids: Array,
-                 deterministic: bool) -> Array:
+    def __call__(self, tokens: Array, encoded: Array | None, segment_ids: Array, encoder_segment_ids: Array,
+                 deterministic: bool, decode: bool = False, max_decode_length: int | None = None) -> Array:
         cfg = self.config
         dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)  # noqa: E731
         y = dropout(self.embed(tokens))
-        bias = _relative_bias(cfg, tokens.shape[-1], bidirectional=False)
-        self_mask = layers.make_attention_mask(segment_ids)
+        if decode:
+            if max_decode_length is None:
+                raise ValueError("decode=True needs max_decode_length, the length of the KV cache.")
+            self_mask, length = None, max_decode_length
+        else:
+            self_mask, length = layers.make_attention_mask(segment_ids), tokens.shape[-1]
+        bias = _relative_bias(cfg, length, bidirectional=False)
         cross_mask = layers.make_bidirectional_mask(segment_ids, encoder_segment_ids)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_decoder_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=4)
-        y, _ = blocks(cfg, deterministic)(y, encoded, self_mask, cross_mask, bias)
+        y, _ = blocks(cfg, deterministic, decode)(y, encoded, self_mask, cross_mask, bias)
         y = dropout(layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(y))
         if cfg.tie_embeddings:
             logits = self.embed.attend(y) / math.sqrt(cfg.emb_dim)
@@ -225,14 +241,19 @@ class EncoderDecoder(nn.Module):
         segments = _segments(encoder_input_tokens, encoder_segment_ids)
         return self.encoder(encoder_input_tokens, segments, deterministic)
 
-    def decode(self, encoded: Array, encoder_input_tokens: Array, decoder_input_tokens: Array,
+    def decode(self, encoded: Array | None, encoder_input_tokens: Array, decoder_input_tokens: Array,
                encoder_segment_ids: Array | None = None, decoder_segment_ids: Array | None = None,
-               deterministic: bool = True) -> Array:
+               deterministic: bool = True, decode: bool = False, max_decode_length: int | None = None) -> Array:
+        """Decoder logits. With `decode=True` (a mutable 'cache' collection) the decoder tokens are the
+        new ones only, starting at the cache index, in a cache of `max_decode_length` slots; the
+        cross-attention k/v are computed from `encoded` once and reused by calls with `encoded=None`.
+        `init` with `decode=True` sizes the cache from the decoder tokens' length."""
         encoder_segments = _segments(encoder_input_tokens, encoder_segment_ids)
         # The decoder's inputs start with BOS = 0, so its padding cannot be read off the tokens;
         # causality keeps trailing padding from affecting real positions.
         segments = jnp.ones_like(decoder_input_tokens) if decoder_segment_ids is None else decoder_segment_ids
-        return self.decoder(decoder_input_tokens, encoded, segments, encoder_segments, deterministic)
+        return self.decoder(decoder_input_tokens, encoded, segments, encoder_segments, deterministic, decode,
+                            max_decode_length)
 
     def __call__(
         self,

@@ -229,6 +229,17 @@ def attention_implementation(choice: str, dtype: DType, head_dim: int) -> str:
     return "cudnn" if fused_ok else "xla"
 
 
+KV_CACHE_MODES = ("none", "append", "fixed")
+# Logical axes of a cached key or value: [batch, cache_length, kv_heads, head_dim].
+CACHE_AXES = ("batch", "length", "kv_heads", "kv")
+
+
+def _cache_variable(module: nn.Module, name: str, like: Array) -> Any:
+    """A 'cache' collection variable shaped like `like`, zero-initialised, with logical axes."""
+    return nn_partitioning.variable_with_axes("cache", name, jnp.zeros, like.shape, like.dtype, axes=CACHE_AXES,
+                                              module=module)
+
+
 class Attention(nn.Module):
     """Multi-head attention (self or cross) with grouped-query heads, optional RoPE and bias.
 
@@ -243,6 +254,13 @@ class Attention(nn.Module):
       is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
         to keep packed segments apart).
       implementation: passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
+      kv_cache: decoding only ('none' for training). 'append' (causal self-attention): keys and
+        values live in the 'cache' collection (`cached_key`, `cached_value`: [batch, cache_length,
+        kv_heads, head_dim] in the compute dtype, and `cache_index`); a call with n new tokens
+        writes their k/v at the cache index, advances it by n and attends causally over the
+        filled slots. 'fixed' (cross-attention): a call with `inputs_kv` stores their k/v, a call
+        with `inputs_kv=None` reuses them. The first call (inside `init`) only sizes the cache:
+        the cache length is its input's length.
     """
 
     num_heads: int
@@ -255,30 +273,74 @@ class Attention(nn.Module):
     fold_scale_into_query: bool = False
     is_causal: bool = False
     implementation: str | None = None
+    kv_cache: str = "none"
 
     @nn.compact
-    def __call__(self, inputs_q: Array, inputs_kv: Array, mask: Array | None, *, q_positions: Array | None = None,
-                 kv_positions: Array | None = None, bias: Array | None = None) -> Array:
+    def __call__(self, inputs_q: Array, inputs_kv: Array | None, mask: Array | None, *,
+                 q_positions: Array | None = None, kv_positions: Array | None = None,
+                 bias: Array | None = None) -> Array:
+        """In 'append' mode `mask` and `bias` span every cache slot as a key ([..., cache_length]);
+        `bias` also spans every slot as a query (the rows of the new tokens are sliced out)."""
         query_init = default_kernel_init
         if self.fold_scale_into_query:
             query_init = nn.initializers.variance_scaling(1.0 / self.head_dim, "fan_in", "truncated_normal")
         project = lambda heads, axes, name, init=default_kernel_init: Dense(  # noqa: E731
             (heads, self.head_dim), axes, self.dtype, kernel_init=init, use_bias=self.use_bias, name=name)
         q = project(self.num_heads, ("embed", "heads", "kv"), "query", query_init)(inputs_q)
-        k = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "key")(inputs_kv)
-        v = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "value")(inputs_kv)
+        if inputs_kv is None:  # a 'fixed' cache: the k/v an earlier call stored
+            k, v = self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")
+        else:
+            k = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "key")(inputs_kv)
+            v = project(self.num_kv_heads, ("embed", "kv_heads", "kv"), "value")(inputs_kv)
+            if self.use_rope:
+                k = rotary_embedding(k, kv_positions, self.rope_max_wavelength)
         if self.use_rope:
             q = rotary_embedding(q, q_positions, self.rope_max_wavelength)
-            k = rotary_embedding(k, kv_positions, self.rope_max_wavelength)
         q = checkpoint_name(with_logical_constraint(q, ("batch", "length", "heads", "kv")), "query_proj")
         k = checkpoint_name(k, "key_proj")
         v = checkpoint_name(v, "value_proj")
+        if self.kv_cache not in KV_CACHE_MODES:
+            raise ValueError(f"Unknown kv_cache {self.kv_cache!r}; choose one of {list(KV_CACHE_MODES)}.")
+        is_causal = self.is_causal
+        if self.kv_cache == "append":
+            k, v, mask, bias = self._append_to_cache(k, v, mask, bias)
+            is_causal = False  # the slot mask above carries causality
+        elif self.kv_cache == "fixed" and inputs_kv is not None:
+            _cache_variable(self, "cached_key", k).value = k
+            _cache_variable(self, "cached_value", v).value = v
         scale = 1.0 if self.fold_scale_into_query else None
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=self.is_causal,
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                            implementation=self.implementation)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)
+
+    def _append_to_cache(self, k: Array, v: Array, mask: Array | None,
+                         bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:
+        """Writes the new k/v at the cache index; returns the whole cache and the mask and bias over it."""
+        initialized = self.has_variable("cache", "cached_key")
+        cached_key = _cache_variable(self, "cached_key", k)
+        cached_value = _cache_variable(self, "cached_value", v)
+        index = nn_partitioning.variable_with_axes("cache", "cache_index", jnp.zeros, (), jnp.int32, axes=(),
+                                                   module=self)
+        if not initialized:  # the init pass: the cache takes its inputs' shape; attend as usual
+            return k, v, mask, bias
+        start, new = index.value, k.shape[1]
+        cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, k.astype(cached_key.value.dtype),
+                                                               start, axis=1)
+        cached_value.value = jax.lax.dynamic_update_slice_in_dim(cached_value.value,
+                                                                 v.astype(cached_value.value.dtype), start, axis=1)
+        index.value = start + new
+        # New token i sits in slot start + i and sees the slots up to its own.
+        slots = jnp.arange(cached_key.value.shape[1])
+        visible = (slots[None, :] <= start + jnp.arange(new)[:, None])[None, None]
+        mask = visible if mask is None else mask & visible
+        if bias is not None:
+            if bias.shape[-2:] != (slots.size, slots.size):
+                raise ValueError(f"A bias in decode mode spans every cache slot as query and key, "
+                                 f"[..., {slots.size}, {slots.size}]; got {bias.shape}.")
+            bias = jax.lax.dynamic_slice_in_dim(bias, start, new, axis=-2)
+        return cached_key.value, cached_value.value, mask, bias
 
 
 class MLP(nn.Module):

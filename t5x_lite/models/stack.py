@@ -71,6 +71,8 @@ def stack_layers(
     (masks, biases, encoder outputs) that every layer sees unchanged. With `scan=True` the copies share
     one traced body and their parameters gain a leading `layers` axis; with `scan=False` they
     are separate submodules `{name}_0 ... {name}_{n-1}`. Both compute the same function.
+    A 'cache' collection (decoding) is laid out like the params: scanned leaves gain a leading
+    `layers` axis.
     """
     policy = remat_policy(remat)
     layer_cls = block
@@ -83,11 +85,13 @@ def stack_layers(
         def make_scanned(*args, **kwargs):
             scanned = nn_partitioning.scan_with_axes(
                 layer_cls,
-                variable_axes={"params": 0},
+                # A decoding KV cache ('cache' collection) is stacked on the layer axis like the params.
+                variable_axes={"params": 0, "cache": 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast,) * num_broadcast,
                 length=num_layers,
                 axis_name="layers",
+                axes_collections=("params", "cache"),
             )
             return scanned(*args, name=name, **kwargs)
 
