@@ -7,6 +7,7 @@
   input_pipeline input pipeline tokens/s vs. train-step consumption; epoch counting; iterator restore
   checkpoint     checkpoint save/restore GB/s vs. the disk's dd speed; async save blocked time
   decoding       generation tokens/s, KV cache vs. recompute; T5 beam search
+  evaluation     eval throughput: strided perplexity tokens/s, multiple-choice examples/s
   gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)
   all            every CPU benchmark above in sequence
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import (checkpoint, common, compile_time, decoding, gpu_decoders, input_pipeline, matmul_peak, remat_memory,
-                   throughput)
+from bench import (checkpoint, common, compile_time, decoding, evaluation, gpu_decoders, input_pipeline, matmul_peak,
+                   remat_memory, throughput)
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "gpu_decoders": gpu_decoders, "input_pipeline": input_pipeline,
-              "checkpoint": checkpoint, "decoding": decoding}
+              "checkpoint": checkpoint, "decoding": decoding, "evaluation": evaluation}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "input_pipeline", "checkpoint",
-                  "decoding")
+                  "decoding", "evaluation")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -27,8 +27,12 @@ TINY_MODEL = [
 def cli_env(devices: int = 1, extra_pythonpath: str | None = None) -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout importable, `devices` host CPU devices."""
     pythonpath = str(ROOT) if extra_pythonpath is None else f"{ROOT}{os.pathsep}{extra_pythonpath}"
-    return {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-            "PYTHONUNBUFFERED": "1", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "PYTHONUNBUFFERED": "1", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    cache = os.environ.get("T5X_LITE_TEST_COMPILATION_CACHE")
+    if cache:  # set by tests/conftest.py: runs of the same program compile it once
+        env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2")
+    return env
 
 
 def run_cli(*args: str, devices: int = 1, timeout: int = 600,

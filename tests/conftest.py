@@ -1,13 +1,21 @@
 """Test set-up: 8 host-platform CPU devices, set before JAX is imported anywhere."""
 
 import os
+import shutil
 import socket
+import tempfile
 import sys
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# CLI subprocesses of one test run share compiled programs through JAX's persistent cache
+# (many whole-run tests compile the same tiny train step); the controller deletes it at the end.
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+os.environ.setdefault("T5X_LITE_TEST_COMPILATION_CACHE",
+                      os.path.join(tempfile.gettempdir(), "t5x_lite_test_compilation_cache", _RUN_ID))
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -61,3 +69,8 @@ def s3_server():
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
             server.stop()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # the controller, after every worker has finished
+        shutil.rmtree(os.environ["T5X_LITE_TEST_COMPILATION_CACHE"], ignore_errors=True)

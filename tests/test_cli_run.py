@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +29,14 @@ def assert_trees_equal(a, b) -> None:
 
 
 def test_train_loss_falls_and_sample(data_dir, tmp_path):
+    choices = tmp_path / "choices.jsonl"
+    choices.write_text("".join(json.dumps({"context": f"def f{i}(x):", "endings": ["return x", "pass", "import os"],
+                                           "label": i % 3}) + "\n" for i in range(6)))
     result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5",
                    "--gin.train.checkpoint_period=10", "--gin.RetentionPolicy.keep_last=2",
-                   "--gin.train.sample_prompt='def '", "--gin.train.sample_max_new_tokens=8")
+                   "--gin.train.eval_period=20", "--gin.train.multiple_choice=[@MultipleChoiceEval()]",
+                   f"--gin.MultipleChoiceEval.path='{choices}'",
+                   "--gin.train.sample_prompt=['def ', 'class ']", "--gin.train.sample_max_new_tokens=8")
     assert result.returncode == 0, result.stderr[-3000:]
     seen = losses(result.stdout)
     assert len(seen) == 8
@@ -41,7 +48,12 @@ def test_train_loss_falls_and_sample(data_dir, tmp_path):
     assert checkpoints == [30, 40]  # the last keep_last=2 of 10, 20, 30, 40
     assert list((tmp_path / "run" / "tb" / "train").glob("events.out.tfevents.*"))
     assert list((tmp_path / "run" / "tb" / "eval").glob("events.out.tfevents.*"))
-    assert "step 40 samples:\n--- 'def '\ndef " in result.stdout
+    for step in (20, 40):  # at each evaluation: validation loss, multiple choice, samples
+        assert f"step {step}: validation loss" in result.stdout
+        assert re.search(rf"step {step}: hellaswag acc [01]\.\d+, acc_norm [01]\.\d+ \(6 examples\)", result.stdout)
+        assert f"step {step} samples:\n--- 'def '\ndef " in result.stdout
+        assert "--- 'class '\nclass " in result.stdout
+    assert list((tmp_path / "run" / "tb" / "hellaswag").glob("events.out.tfevents.*"))
 
     sampled = run_cli("sample", f"--model_dir={tmp_path / 'run'}", "--prompt=import ", "--max_new_tokens=8")
     assert sampled.returncode == 0, sampled.stderr[-3000:]

@@ -24,18 +24,17 @@ def _model_config():
                          num_layers=2, max_len=64)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, data_dir):
-    """MODEL_DIR with checkpoints at steps 2 and 4 (different random params) and the data's vocabulary."""
+def _save_model_dir(path: Path, cfg, data_dir: Path, steps=STEPS) -> Path:
+    """MODEL_DIR with a checkpoint of random params at each step and the data's vocabulary."""
     from t5x_lite import checkpoint
 
-    cfg = _model_config()
-    path = tmp_path_factory.mktemp("eval") / "run"
     checkpoints = checkpoint.Checkpointer(str(path), async_save=False)
     metadata = {"family": cfg.family, "model": json.loads(json.dumps(cfg.to_dict())), "task": "t",
                 "vocab_size": VOCAB, "sequence_length": 64, "mesh_axes": [], "num_params": cfg.num_params()}
-    for step in STEPS:
-        params = cfg.make_module().init(jax.random.PRNGKey(step), jnp.zeros((1, 8), jnp.int32))["params"]
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    for step in steps:
+        args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+        params = cfg.make_module().init(jax.random.PRNGKey(step), *args)["params"]
         state = {"step": jnp.int32(step), "params": params, "opt_state": {}, "dropout_rng": jax.random.PRNGKey(0)}
         checkpoints.save(step, state=state, iterator_state={}, metadata=metadata)
     checkpoints.wait()
@@ -43,6 +42,12 @@ def model_dir(tmp_path_factory, data_dir):
     (path / "vocab").mkdir()
     shutil.copy(data_dir / "spm.model", path / "vocab" / "spm.model")
     return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, data_dir):
+    """A tiny decoder's MODEL_DIR with checkpoints at steps 2 and 4 (different random params)."""
+    return _save_model_dir(tmp_path_factory.mktemp("eval") / "run", _model_config(), data_dir)
 
 
 def _restored(model_dir: Path, step: int):
@@ -145,8 +150,7 @@ def test_seqio_evaluation_scores_the_models_own_predictions(model_dir, data_dir,
     texts = [vocabulary.decode(tokens) for tokens in predicted]
     assert len(set(texts)) > 1, texts  # random params still give varied outputs
     targets = [text if i % 2 == 0 else text + " different" for i, text in enumerate(texts)]
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("".join(json.dumps({"inputs": a, "targets": b}) + "\n" for a, b in zip(inputs, targets)))
+    path = _write_pairs(tmp_path / "pairs.jsonl", zip(inputs, targets))
     name = text_to_text_task(name="pairs", splits={"validation": str(path)}, vocabulary=str(restored.vocabulary_file),
                              metrics=("accuracy", "log_likelihood"))
 
@@ -162,6 +166,47 @@ def test_seqio_evaluation_scores_the_models_own_predictions(model_dir, data_dir,
     assert json.loads((out / "seqio" / f"{name}-metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
     logged = [json.loads(line) for line in (out / "seqio" / f"{name}-000004.jsonl").read_text().splitlines()]
     assert [line["prediction"] for line in logged] == texts
+
+
+def _write_pairs(path: Path, pairs) -> Path:
+    path.write_text("".join(json.dumps({"inputs": a, "targets": b}) + "\n" for a, b in pairs))
+    return path
+
+
+def test_t5_beam_search_through_seqio_eval_and_infer_over_a_task(data_dir, tmp_path):
+    """The encoder-decoder path: seqio predictions are beam search's, infer reads a task's inputs."""
+    from t5x_lite import decoding, eval_loop, infer_loop, predict
+    from t5x_lite.models import T5Config
+    from tasks.text_to_text import text_to_text_task
+
+    cfg = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
+                   num_decoder_layers=2)
+    model_dir = _save_model_dir(tmp_path / "t5", cfg, data_dir, steps=(3,))
+    inputs = [f"x = {i} * y" for i in range(5)]
+    path = _write_pairs(tmp_path / "pairs.jsonl", [(text, "y") for text in inputs])
+    name = text_to_text_task(name="t5_pairs", splits={"validation": str(path)}, vocabulary=str(data_dir / "spm.model"),
+                             metrics=("bleu", "rouge"))
+    beam = predict.DecodingConfig(method="beam", beam_size=3, max_decode_length=5)
+    results = eval_loop.evaluate(model_dir=str(model_dir), output_dir=str(tmp_path / "results"), seqio_evals=[
+        eval_loop.SeqioEval(mixture_or_task_name=name, batch_size=2, decoding=beam)])
+    assert set(results[3]["seqio"][name]) >= {"bleu", "rouge1", "rouge2", "rougeLsum"}
+
+    restored = _restored(model_dir, 3)
+    vocabulary = restored.vocabulary()
+    encoded = [list(vocabulary.encode(text)) + [vocabulary.eos_id] for text in inputs]
+    expected = [vocabulary.decode(tokens) for tokens in decoding.beam_search(
+        model=cfg, params=restored.params, inputs=encoded, max_decode_length=5, beam_size=3, alpha=0.6,
+        eos_id=vocabulary.eos_id)]
+    logged = [json.loads(line) for line in (tmp_path / "results" / "seqio" / f"{name}-000003.jsonl").read_text().splitlines()]
+    assert [line["prediction"] for line in logged] == expected
+
+    output = tmp_path / "out.jsonl"
+    infer_loop.infer(model_dir=str(model_dir), output=str(output), mixture_or_task_name=name, decoding=beam,
+                     chunk_size=2, batch_size=2)
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert [line["index"] for line in lines] == list(range(5))
+    assert [line["inputs"] for line in lines] == inputs and {line["targets"] for line in lines} == {"y"}
+    assert [line["output"] for line in lines] == expected
 
 
 def _write_prompts(path: Path, n: int) -> Path:

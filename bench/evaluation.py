@@ -1,0 +1,91 @@
+"""evaluation: eval throughput of strided perplexity and multiple-choice scoring.
+
+`evaluation.perplexity` over --documents random-token documents of --doc_len tokens, with
+windows of the model's max_len and stride max_len (disjoint) and max_len / 2, --batch_size
+windows per call; and `evaluation.score_multiple_choice` over --mc_examples examples of 4
+endings (a --mc_context-token context and --mc_ending-token endings, from a word-level
+tokenizer made here). Models as in `decoding`: `tiny` and `base`, random init, float32. The
+first pass (compile included) is timed apart; then the best of --repeats passes. Scored tokens/s
+counts each document token once; model tokens/s counts every token the model reads, so
+overlapping windows read more than they score.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench import common
+from bench.decoding import decoder_config, init_params, time_calls
+
+DEFAULTS = {"models": "tiny,base", "documents": 16, "doc_len": 2048, "batch_size": 8, "mc_examples": 64,
+            "mc_context": 48, "mc_ending": 12, "repeats": 2, "dtype": "float32"}
+QUICK = {"models": "tiny", "documents": 2, "doc_len": 300, "batch_size": 2, "mc_examples": 4, "repeats": 1}
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--models", help="comma-separated: tiny,base")
+    for key in ("documents", "doc_len", "batch_size", "mc_examples", "mc_context", "mc_ending", "repeats"):
+        parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
+    parser.add_argument("--dtype", help="compute dtype (default float32)")
+
+
+def perplexity_rows(s: dict) -> list[list]:
+    from t5x_lite import evaluation
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for name in common.strs(s["models"]):
+        cfg = decoder_config(name, s["dtype"])
+        params = init_params(cfg)
+        documents = rng.integers(2, cfg.vocab_size, size=(s["documents"], s["doc_len"])).tolist()
+        for stride in (cfg.max_len, cfg.max_len // 2):
+            common.progress(f"evaluation: perplexity {name} stride {stride}")
+            first, best, out = time_calls(lambda: evaluation.perplexity(  # noqa: B023
+                model=cfg, params=params, documents=documents, context_length=cfg.max_len, stride=stride,
+                batch_size=s["batch_size"]), s["repeats"])
+            read = sum(min(cfg.max_len, s["doc_len"] - w.begin) for w in evaluation.strided_windows(
+                s["doc_len"], context_length=cfg.max_len, stride=stride)) * s["documents"]
+            rows.append([name, f"{cfg.num_params():,}", cfg.max_len, stride, out["windows"], f"{first:.2f}",
+                         f"{best:.2f}", f"{out['tokens'] / best:,.0f}", f"{read / best:,.0f}"])
+    return rows
+
+
+def multiple_choice_rows(s: dict) -> list[list]:
+    from t5x_lite import evaluation
+
+    rows = []
+    for name in common.strs(s["models"]):
+        cfg = decoder_config(name, s["dtype"])
+        params = init_params(cfg)
+        words = [f"w{i}" for i in range(cfg.vocab_size - 2)]
+        encode = lambda text: [2 + int(w[1:]) for w in text.split()]  # noqa: E731
+        rng = np.random.default_rng(1)
+        sentence = lambda n: " ".join(rng.choice(words, size=n))  # noqa: E731
+        examples = [evaluation.MultipleChoiceExample(
+            context=sentence(s["mc_context"]), endings=tuple(sentence(s["mc_ending"]) for _ in range(4)), label=0)
+            for _ in range(s["mc_examples"])]
+        common.progress(f"evaluation: multiple choice {name}")
+        first, best, _ = time_calls(lambda: evaluation.score_multiple_choice(  # noqa: B023
+            model=cfg, params=params, examples=examples, encode=encode, batch_size=s["batch_size"]), s["repeats"])
+        rows.append([name, f"{cfg.num_params():,}", s["mc_examples"], f"{first:.2f}", f"{best:.2f}",
+                     f"{s['mc_examples'] / best:,.1f}"])
+    return rows
+
+
+def run(args, command: str) -> None:
+    s = common.resolve(args, DEFAULTS, QUICK)
+    start = time.perf_counter()
+    perplexity, mc = perplexity_rows(s), multiple_choice_rows(s)
+    print(common.header(command))
+    print()
+    print(common.table(["model", "params", "context", "stride", "windows", "first pass s", "pass s (best)",
+                        "scored tokens/s", "model tokens/s"], perplexity))
+    print()
+    print(common.table(["model", "params", "examples (4 endings)", "first pass s", "pass s (best)", "examples/s"],
+                       mc))
+    print()
+    print(f"{s['documents']} documents of {s['doc_len']} random tokens; batch {s['batch_size']} rows per call; "
+          f"random-init params. Took {time.perf_counter() - start:.0f} s.")
+    print(common.settings_line(s))
