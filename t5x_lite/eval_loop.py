@@ -148,14 +148,14 @@ def evaluate(
         for chosen in _watch(model_dir, output_dir, step=step, every_checkpoint=every_checkpoint,
                              wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
             restored = restored_model.restore(model_dir, step=chosen, expected=model)
-            results = evaluators.run(restored, print_=writer.print)
+            results = evaluators.run(restored)
             _write_results(output_dir, chosen, results)
             for name, values in _scalar_groups(results):
                 writer.scalars(name, chosen, values)
             evaluated[chosen] = results
         if not evaluated:
-            writer.print(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
-                         "(name one with evaluate.step to evaluate it again)")
+            print(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
+                  "(name one with evaluate.step to evaluate it again)", flush=True)
     finally:
         evaluators.close()
         writer.close()
@@ -201,7 +201,7 @@ class _Evaluators:
                 batch_size=s.batch_size, decoding_config=s.decoding, log_dir=storage.join(output_dir, "seqio"))
                 for s in seqio_evals]
 
-    def run(self, restored: restored_model.RestoredModel, *, print_: Callable[[str], None]) -> dict[str, Any]:
+    def run(self, restored: restored_model.RestoredModel) -> dict[str, Any]:
         results: dict[str, Any] = {"step": restored.step}
         cfg = restored.config
         if self.perplexity:
@@ -212,7 +212,7 @@ class _Evaluators:
                 model=cfg, params=restored.params, documents=self.documents, context_length=min(context, cfg.max_len),
                 stride=stride, batch_size=self.perplexity.batch_size)
             r = results["perplexity"]
-            print_(f"step {restored.step}: {self.perplexity.mixture_or_task_name} {self.perplexity.split} perplexity "
+            _say(f"step {restored.step}: {self.perplexity.mixture_or_task_name} {self.perplexity.split} perplexity "
                    f"{r['perplexity']:.3f} (loss {r['loss']:.4f} over {int(r['tokens'])} tokens, context {context}, "
                    f"stride {stride})")
         for mc in self.multiple_choice:
@@ -221,17 +221,22 @@ class _Evaluators:
             results[mc.name] = score_multiple_choice_set(mc, model=cfg, params=restored.params,
                                                          encode=lambda t: list(vocabulary.encode(t)))
             r = results[mc.name]
-            print_(f"step {restored.step}: {mc.name} acc {r['acc']:.4f}, acc_norm {r['acc_norm']:.4f} "
+            _say(f"step {restored.step}: {mc.name} acc {r['acc']:.4f}, acc_norm {r['acc_norm']:.4f} "
                    f"({int(r['examples'])} examples)")
         for evaluation_ in self.seqio:
             for task, values in evaluation_.run(restored).items():
                 results.setdefault("seqio", {})[task] = values
-                print_(f"step {restored.step}: {task} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+                _say(f"step {restored.step}: {task} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
         return results
 
     def close(self) -> None:
         for evaluation_ in self.seqio:
             evaluation_.close()
+
+
+def _say(message: str) -> None:
+    """Results are printed even when TensorBoard is off (an output directory on object storage)."""
+    print(message, flush=True)
 
 
 def _require_decoder(what: str, model: ModelConfig) -> None:
@@ -264,14 +269,9 @@ def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, par
 
 
 def _write_results(output_dir: str, step: int, results: dict[str, Any]) -> None:
-    """step_<N>.json, whole or not at all (written aside and renamed on local disks)."""
+    """step_<N>.json, whole or not at all."""
     storage.makedirs(output_dir)
-    final = result_path(output_dir, step)
-    partial = final if storage.is_url(output_dir) else f"{final}.tmp"
-    with storage.open(partial, "w") as f:
-        json.dump(results, f, indent=2, sort_keys=True)
-    if partial != final:
-        storage.rename(partial, final)
+    storage.write_whole(result_path(output_dir, step), json.dumps(results, indent=2, sort_keys=True))
 
 
 def _scalar_groups(results: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from typing import Any, Sequence
 
 from t5x_lite import predict, restored_model, storage
@@ -165,7 +164,7 @@ def infer(
         begin, end = chunks[chunk]
         lines = _infer_chunk(restored, prompts[begin:end], vocabulary, decoding=decoding, batch_size=batch_size,
                              first_batch=begin // batch_size)
-        _write_whole(chunk_path(output, chunk), "".join(lines))
+        storage.write_whole(chunk_path(output, chunk), "".join(lines))
         counts["written"] += 1
         print(f"chunk {chunk + 1}/{len(chunks)}: prompts {begin}-{end - 1} written", flush=True)
     if all(storage.exists(chunk_path(output, c)) for c in range(len(chunks))):
@@ -212,7 +211,7 @@ def _pin_manifest(output: str, saved: dict | None, current: dict) -> None:
     """Writes the manifest of a new run, or checks that a resumed run matches it."""
     if saved is None:
         storage.makedirs(parts_dir(output))
-        _write_whole(storage.join(parts_dir(output), "manifest.json"), json.dumps(current, indent=2))
+        storage.write_whole(storage.join(parts_dir(output), "manifest.json"), json.dumps(current, indent=2))
         return
     differs = [f"{k}: before {saved.get(k)!r}, now {v!r}" for k, v in current.items() if saved.get(k) != v]
     if differs:
@@ -222,18 +221,9 @@ def _pin_manifest(output: str, saved: dict | None, current: dict) -> None:
             "to start afresh. Nothing was written.")
 
 
-def _write_whole(path: str, text: str) -> None:
-    """Writes `path` so that it exists only once complete (aside and renamed on local disks)."""
-    partial = path if storage.is_url(path) else f"{path}.tmp.{os.getpid()}"
-    with storage.open(partial, "w") as f:
-        f.write(text)
-    if partial != path:
-        storage.rename(partial, path)
-
-
 def _join_chunks(output: str, num_chunks: int) -> None:
     parts = []
     for chunk in range(num_chunks):
         with storage.open(chunk_path(output, chunk), "r") as f:
             parts.append(f.read())
-    _write_whole(output, "".join(parts))
+    storage.write_whole(output, "".join(parts))

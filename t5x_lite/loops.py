@@ -109,13 +109,7 @@ def run_metadata(*, model: ModelConfig, train_data: data_lib.DataConfig, vocab_s
 def _write_config(work_dir: str, config_text: str, vocabulary_file: str | None) -> None:
     """config.gin and vocab/ of the run (in an s3 run's staging directory: uploaded with checkpoints)."""
     storage.makedirs(work_dir)
-    final = storage.join(work_dir, "config.gin")
-    # Object stores replace an object whole on close; a local file is written aside and renamed.
-    partial = final if storage.is_url(work_dir) else f"{final}.tmp"
-    with storage.open(partial, "w") as f:
-        f.write(config_text)
-    if partial != final:
-        os.replace(partial, final)
+    storage.write_whole(storage.join(work_dir, "config.gin"), config_text)
     if vocabulary_file:
         storage.makedirs(storage.join(work_dir, "vocab"))
         storage.copy(vocabulary_file, storage.join(work_dir, "vocab", "spm.model"))

@@ -105,6 +105,20 @@ def open(path: str, mode: str = "rb") -> IO:  # noqa: A001 - the module's own op
     return _gfile().GFile(path, mode)
 
 
+def write_whole(path: str, text: str) -> None:
+    """Writes text file `path` so that it exists only once complete.
+
+    Locally the text goes to a file beside it (named by the process id, so concurrent writers
+    never share one) that is then renamed over `path`; object stores replace an object whole
+    on close.
+    """
+    partial = path if is_url(path) else f"{path}.tmp.{os.getpid()}"
+    with open(partial, "w") as f:
+        f.write(text)
+    if partial != path:
+        rename(partial, path)
+
+
 def remove(path: str) -> None:
     """Deletes file `path`."""
     if is_s3(path):
