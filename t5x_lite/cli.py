@@ -7,6 +7,8 @@
     t5x-lite infer --gin_file=runs/infer.gin ... prompts -> jsonl of outputs (resumable, sharded)
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
     t5x-lite checkpoint info PATH                what a checkpoint holds (model, step, data position)
+    t5x-lite config show|explain|diff|reference  the resolved config, where each value came from, diffs
+    t5x-lite estimate --gin_file=FILE ...        parameters, FLOPs, memory and time before you spend compute
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ COMMANDS = {
     "infer": ("t5x_lite.infer", "generate outputs for a jsonl of prompts or a task (resumable, sharded)"),
     "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
     "checkpoint": ("t5x_lite.checkpoint_info", "`checkpoint info PATH`: what a checkpoint holds"),
+    "config": ("t5x_lite.config_command", "show / explain / diff resolved gin configs; write the reference"),
+    "estimate": ("t5x_lite.estimate", "parameters, FLOPs, memory per device and time to train, from a gin config"),
 }
 
 

@@ -177,27 +177,27 @@ def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str
     return files, bindings, paths, rest
 
 
-def parse_command_line(argv: Sequence[str], *, usage: str) -> None:
-    """Parses --gin_file / --gin.KEY=VALUE / --gin_search_paths flags; anything else is an error showing `usage`."""
-    files, bindings, paths, rest = split_gin_flags(argv)
-    if rest:
-        raise ConfigError(f"Unknown arguments {rest}.\n{usage}")
-    parse(gin_files=files, gin_bindings=bindings, gin_search_paths=paths)
-
-
 def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
-          gin_search_paths: Sequence[str] = ()) -> None:
-    """Parses gin files then bindings into gin's global config (cleared first)."""
+          gin_search_paths: Sequence[str] = (), skip_unknown: bool = False) -> None:
+    """Parses gin files then bindings into gin's global config (cleared first).
+
+    skip_unknown: skip bindings of configurables that are not registered (reading a run's saved
+    config.gin, which also binds t5's and seqio's configurables, without importing them).
+    """
     register_configurables()
     _drop_package_path_reader()
     gin.clear_config()
+    # gin keeps search paths across parses; start from its initial [''] so an earlier parse's
+    # working directory or --gin_search_paths cannot shadow this one's.
+    gin.config._LOCATION_PREFIXES[:] = [""]  # noqa: SLF001 - gin has no API to reset them
     for path in [*gin_search_paths, os.getcwd(), str(builtin_gin_dir())]:
         gin.add_config_file_search_path(path)
     if not gin_files:
         raise ConfigError("No --gin_file given; for example --gin_file=runs/quickstart.gin.")
     try:
         with _quiet_search_misses():
-            gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False)
+            gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False,
+                                                skip_unknown=skip_unknown)
     except IOError as e:
         raise ConfigError(f"{e}\nGin files are searched in: {', '.join(gin_search_paths) or '(no --gin_search_paths)'}, "
                           f"the current directory, and {builtin_gin_dir()}.") from None
@@ -236,8 +236,9 @@ def _quiet_search_misses():
 
 def _with_suggestion(message: str) -> str:
     """Adds 'did you mean' for an unknown configurable or parameter named in a gin error."""
-    configurables = {selector.split(".")[-1]: c.wrapped for selector, c in _registry_items()}
-    unknown = re.search(r"No configurable matching '([^']+)'", message)
+    configurables = {c.name: c.wrapped for _, c in _registry_items()
+                     if getattr(c.wrapped, "__module__", "").split(".")[0] in ("t5x_lite", "tasks")}
+    unknown = re.search(r"No configurable matching (?:reference '@(?:[\w.]+/)*|')([\w.]+)", message)
     if unknown:
         close = difflib.get_close_matches(unknown.group(1), list(configurables), n=3)
         hint = f"Did you mean {', '.join(close)}? " if close else ""

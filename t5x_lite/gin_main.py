@@ -11,17 +11,23 @@ from t5x_lite import errors
 def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
     """Prints `usage` for -h/--help; else parses the gin flags and calls the configurable named `configurable`.
 
-    Bad input (an unknown flag, a gin error, a configuration or data problem) is reported as
-    one `error: ...` line and exit code 2.
+    Bad input (an unknown flag, a gin error, an undefined macro, a configuration or data
+    problem) is reported as one `error: ...` line and exit code 2. Bindings that the run never
+    uses (a misspelt scope or macro) are warned about on stderr before it starts.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
         print(usage)
         return 0
     with errors.reported():
-        from t5x_lite import config
+        from t5x_lite import config, config_command, config_resolve
 
-        config.parse_command_line(argv, usage=usage)
+        files, bindings, paths, rest = config.split_gin_flags(argv)
+        if rest:
+            raise config.ConfigError(f"Unknown arguments {rest}.\n{usage}")
+        resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
+                                           entry=configurable)
+        config_command.print_unused_warnings(resolved)
         import gin
 
         gin.get_configurable(configurable)()

@@ -192,7 +192,8 @@ def train(
       model_dir: where checkpoints, config.gin and TensorBoard logs go; a run resumes from
         the latest checkpoint found here.
       model: the model's family, sizes and switches (a DecoderConfig or T5Config).
-      train_data / eval_data: the task, split and batching of training and evaluation.
+      train_data: the task, split, sequence length and batching of training.
+      eval_data: the same for the validation loss at each evaluation (None: no evaluation).
       optimizer: AdamW + schedule + clipping settings.
       loss: z-loss and label smoothing.
       mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices).
