@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 
 EXIT_BAD_INPUT = 2
@@ -42,5 +43,10 @@ def reported():
     except Exception as e:  # noqa: BLE001 - filtered just below
         if not isinstance(e, bad_input_types()):
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_without_gin_call_note(str(e))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _without_gin_call_note(message: str) -> str:
+    """Drops the "In call to configurable 'x' (<function ...>)" line gin appends: noise to a user."""
+    return re.sub(r"\n\s*In call to configurable '[^']*' \(.*\)$", "", message, flags=re.MULTILINE)

@@ -8,7 +8,7 @@ from pathlib import Path
 import gin
 import pytest
 
-from t5x_lite import config, config_command, config_reference, config_resolve, train as train_entry
+from t5x_lite import config, config_command, config_reference, config_resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,12 +96,15 @@ def test_a_binding_always_overridden_by_a_scoped_one_is_unused(in_tmp):
     assert resolved.unused == []  # no scoped binding of use_cached: the unscoped one applies in both scopes
 
 
-def test_the_train_command_warns_about_unused_bindings_before_it_starts(in_tmp, capsys):
-    with pytest.raises(SystemExit) as stopped:  # the data directory is missing: exit 2 after the warning
-        train_entry.main(["--gin_file=runs/quickstart.gin", "--gin.DATA_DIR='nowhere'", "--gin.TRAIN_STEP=5"])
+def test_jobs_warn_about_unused_bindings_before_they_start(in_tmp, capsys):
+    from t5x_lite import eval as eval_entry
+
+    with pytest.raises(SystemExit) as stopped:  # nothing to evaluate: exit 2, after the warning
+        eval_entry.main(["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='nowhere'", "--gin.MODEL_DIRR='x'"])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert "TRAIN_STEP (--gin.TRAIN_STEP=5): no binding uses this macro; did you mean TRAIN_STEPS?" in err
+    assert "MODEL_DIRR (--gin.MODEL_DIRR='x'): no binding uses this macro; did you mean MODEL_DIR?" in err
+    assert "In call to configurable" not in err  # gin's addition to the message is dropped
 
 
 def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
