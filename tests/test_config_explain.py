@@ -214,3 +214,12 @@ def test_parameter_docs_reads_args_and_attributes_sections():
     """
     assert config_reference.parameter_docs(doc) == {"a": "the first continued here.", "b": "two at once.",
                                                     "c": "two at once."}
+
+
+def test_explain_shows_a_scoped_binding_winning_over_an_unscoped_one(in_tmp, capsys):
+    assert config_command.main(["explain", "--gin_file=runs/quickstart.gin", "--gin.DataConfig.shuffle=False",
+                                "DataConfig.shuffle"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("train/DataConfig.shuffle = True")
+    assert out[at + 1].startswith("    set by   ") and out[at + 1].endswith("train/DataConfig.shuffle = True")
+    assert out[at + 2] == "    wins over --gin.DataConfig.shuffle=False  (a less specific scope)"
