@@ -66,6 +66,14 @@ class Parameter:
     shadowed: list[Setting] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class DeferredCall:
+    """A configurable call that ResolvedConfig.build was asked not to make: its name and arguments."""
+
+    name: str
+    kwargs: dict
+
+
 @dataclasses.dataclass
 class ResolvedConfig:
     """The run as gin will call it. `calls` is in the order the walk from `entry` reaches them."""
@@ -78,6 +86,37 @@ class ResolvedConfig:
 
     def macro(self, name: str) -> Setting | None:
         return self.settings.get(("macro", name))
+
+    def build(self, value: Any, scope: tuple[str, ...] = (), *, defer: Iterable[str] = ()) -> Any:
+        """`value` evaluated as gin would, without gin: macros followed, each `@X()` replaced by X
+        called with its resolved arguments in the scope gin would call it in.
+
+        References to configurables named in `defer` are not called: they become DeferredCall
+        (the name and built arguments), for a caller that wants to know what would be called.
+        """
+        defer = frozenset(defer)
+        if isinstance(value, gin.config.ConfigurableReference):
+            if _is_macro(value):
+                setting = self.macro("/".join(value.scopes))
+                return self.build(setting.binding.value, tuple(value.scopes), defer=defer) if setting else value
+            call = Call(tuple(value.scopes) or scope, value.configurable.selector, value.configurable.name)
+            if not value.evaluate:
+                return value.configurable.wrapped
+            kwargs = {p.name: self.build(p.setting.binding.value, call.scope, defer=defer)
+                      for p in _parameters(call, self.settings) if p.setting is not None}
+            if call.name in defer:
+                return DeferredCall(call.name, kwargs)
+            return value.configurable.wrapped(**kwargs)
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.build(v, scope, defer=defer) for v in value)
+        if isinstance(value, dict):
+            return {self.build(k, scope, defer=defer): self.build(v, scope, defer=defer) for k, v in value.items()}
+        return value
+
+    def build_macro(self, name: str) -> Any:
+        """The value of macro `name`, built (REQUIRED when the config does not set it)."""
+        setting = self.macro(name)
+        return REQUIRED if setting is None else self.build(setting.binding.value, tuple(name.split("/")))
 
     def values(self) -> dict[str, str]:
         """'call.param' -> the value as gin text, for every parameter of every call (defaults too)."""

@@ -118,7 +118,7 @@ def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
     with gin.config._OPERATIVE_CONFIG_LOCK:
         gin.config._OPERATIVE_CONFIG.clear()
     # Evaluate train's arguments exactly as gin does just before calling it (deepcopy evaluates references).
-    copy.deepcopy(gin.config._get_bindings(selector))
+    evaluated = copy.deepcopy(gin.config._get_bindings(selector))
     operative = {key: values for key, values in gin.config._OPERATIVE_CONFIG.items() if key[1] != "gin.macro"}
     ours = {("/".join(call.scope), call.configurable): params for call, params in resolved.calls[1:]}
     assert set(ours) == set(operative)
@@ -128,6 +128,13 @@ def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
             expected = p.setting.binding.value if p.setting else p.value
             assert repr(expected) == repr(operative[key][p.name]), (key, p.name)
     assert resolved.values()["eval/DataConfig.seed"] == "7"
+    # Building a value without gin gives what gin's own evaluation gives.
+    train_params = {p.name: p for p in resolved.calls[0][1]}
+    for name in ("model", "optimizer", "loss", "retention"):
+        assert resolved.build(train_params[name].setting.binding.value) == evaluated[name], name
+    built = resolved.build(train_params["train_data"].setting.binding.value, defer={"lm_task"})
+    assert built.mixture_or_task_name == config_resolve.DeferredCall(
+        "lm_task", {"name": "python_stdlib_lm", "data_dir": str(data_dir)})
 
 
 def test_undefined_macro_names_file_line_and_nearest_macro(in_tmp):

@@ -1,0 +1,134 @@
+"""The arithmetic of `t5x-lite estimate`: mesh shapes, shards, FLOPs, epochs, time, activations.
+
+Pure functions of explicit keyword arguments, tested directly; docs/estimate.md writes out each
+formula.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from t5x_lite.errors import ConfigValueError
+
+# Float32 [tokens, vocab] buffers the loss keeps per device: the logits, their softmax, the gradient.
+LOGITS_BUFFERS = 3
+
+def resolve_mesh_shape(*, mesh_axes: Mapping[str, int] | Sequence[tuple[str, int]], num_devices: int) -> dict[str, int]:
+    """{axis: size} with the one -1 axis (if any) taking the devices the fixed axes leave.
+
+    Fails (ConfigValueError) where `num_devices` cannot be laid out as `mesh_axes` asks.
+    """
+    items = list(mesh_axes.items()) if isinstance(mesh_axes, Mapping) else [tuple(a) for a in mesh_axes]
+    sizes = [size for _, size in items]
+    if sizes.count(-1) > 1:
+        raise ConfigValueError(f"MESH_AXES {dict(items)}: at most one axis may have size -1.")
+    if any(size < 1 and size != -1 for size in sizes):
+        raise ConfigValueError(f"MESH_AXES {dict(items)}: sizes must be positive (or -1 for the rest).")
+    fixed = math.prod(size for size in sizes if size != -1)
+    if -1 in sizes:
+        if num_devices % fixed:
+            raise ConfigValueError(
+                f"--num_devices={num_devices} cannot be used by MESH_AXES {dict(items)}: the fixed axes "
+                f"need a multiple of {fixed} devices.")
+        sizes[sizes.index(-1)] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ConfigValueError(f"MESH_AXES {dict(items)} need exactly {fixed} devices, not --num_devices="
+                               f"{num_devices}; set one axis to -1 or change the sizes.")
+    return {name: size for (name, _), size in zip(items, sizes)}
+
+
+def spec_shards(spec: Sequence[Any], mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
+    """How many ways each dimension is split by a mesh PartitionSpec (entries None, 'axis' or ('a', 'b'))."""
+    def shards(entry):
+        if entry is None:
+            return 1
+        names = (entry,) if isinstance(entry, str) else tuple(entry)
+        return math.prod(mesh_shape.get(name, 1) for name in names)
+    return tuple(shards(entry) for entry in spec)
+
+
+def per_device_elements(*, shape: Sequence[int], shards: Sequence[int]) -> int:
+    """Elements of the largest shard of an array: prod(ceil(dim / shards)) (XLA pads uneven shards)."""
+    shards = tuple(shards) + (1,) * (len(shape) - len(shards))
+    return math.prod(-(-dim // s) for dim, s in zip(shape, shards))
+
+
+def flops_split(*, flops_per_token: float, flops_per_token_doubled_lengths: float) -> tuple[float, float]:
+    """(6N part, attention part) of training FLOPs per token.
+
+    The attention term of `train_flops_per_token` grows linearly with the lengths and the 6N term
+    does not, so doubling every length gives 6N = 2 f(L) - f(2L).
+    """
+    six_n = 2 * flops_per_token - flops_per_token_doubled_lengths
+    return six_n, flops_per_token - six_n
+
+
+def lm_pieces(*, corpus_tokens: int, documents: int, sequence_length: int) -> int:
+    """At least how many pieces lm_task makes of the documents: it splits each into pieces of at most
+    sequence_length - 1 tokens (room for the EOS it appends), so max(documents, ceil(tokens / (L - 1)))."""
+    return max(documents, -(-corpus_tokens // max(sequence_length - 1, 1)))
+
+
+def steps_per_epoch(*, tokens_per_epoch: int, batch_size: int, sequence_length: int) -> int:
+    """Steps of one epoch if packing filled every row: ceil(tokens / (batch_size x sequence_length)).
+
+    Packing leaves padding at the end of rows, so the real count is this or a little more.
+    """
+    return -(-tokens_per_epoch // (batch_size * sequence_length))
+
+
+def planned_steps(*, train_steps: int | None, num_epochs: int | None, steps_per_epoch: int | None) -> int | None:
+    """The run's length in steps as `t5x-lite train` plans it: the first of the step and epoch limits."""
+    limits = [train_steps] if train_steps else []
+    if num_epochs:
+        if steps_per_epoch is None:
+            return train_steps or None
+        limits.append(num_epochs * steps_per_epoch)
+    return min(limits) if limits else None
+
+
+def train_seconds(*, tokens: float, flops_per_token: float, peak_flops_per_device: float, num_devices: int,
+                  mfu: float) -> float:
+    """Wall-clock seconds: tokens x FLOPs per token / (MFU x peak FLOP/s per device x devices)."""
+    return tokens * flops_per_token / (mfu * peak_flops_per_device * num_devices)
+
+
+def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float, n_mlp_in: int,
+                    scores: float) -> tuple[float, float]:
+    """(device, host) elements one layer keeps per token for the backward pass under `policy`.
+
+    width: emb_dim; q / kv: query and key+value widths (heads x head_dim per device); mlp: MLP hidden
+    width per device, n_mlp_in of them (2 for gated MLPs); scores: attention-score entries per token
+    (heads per device x attended length).
+    """
+    everything = 5 * width + 2 * q + kv + (n_mlp_in + 1) * mlp + 4 * scores
+    saved = {
+        "none": everything,
+        "save_dots": 3 * width + 2 * q + kv + n_mlp_in * mlp + scores,
+        "minimal": 3 * width + q + kv + n_mlp_in * mlp,
+        "save_qkv_proj": width + q + kv,
+        "full": width,
+    }
+    offloaded = {"minimal_offloaded": saved["minimal"] - width, "qkv_proj_offloaded": q + kv}
+    if policy in offloaded:
+        return width, offloaded[policy]
+    return saved[policy], 0.0
+
+
+def activation_bytes(*, policy: str, dtype_bytes: int, num_layers: int, tokens: int, width: int, q: float,
+                     kv: float, mlp: float, n_mlp_in: int, scores: float) -> tuple[float, float]:
+    """Rough (device, host) bytes of one layer stack's saved activations for one (micro)batch on one device.
+
+    layers x tokens x (the policy's per-layer elements) x dtype bytes, plus, with remat, one layer's
+    full working set while it is recomputed. A rough guide, not XLA's buffer assignment.
+    """
+    device, host = _layer_elements(policy, width=width, q=q, kv=kv, mlp=mlp, n_mlp_in=n_mlp_in, scores=scores)
+    recompute = 0.0 if policy == "none" else _layer_elements("none", width=width, q=q, kv=kv, mlp=mlp,
+                                                               n_mlp_in=n_mlp_in, scores=scores)[0]
+    return ((num_layers * device + recompute) * tokens * dtype_bytes, num_layers * host * tokens * dtype_bytes)
+
+
+def logits_bytes(*, tokens: int, vocab_size: int, vocab_shards: int) -> float:
+    """Float32 logits, softmax and their gradient for `tokens` target tokens on one device."""
+    return LOGITS_BUFFERS * 4 * tokens * -(-vocab_size // vocab_shards)
