@@ -152,16 +152,21 @@ def pick_entry(settings: dict[tuple, Setting], entry: str | None = None) -> str:
 
 
 def load_run(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (), gin_search_paths: Sequence[str] = (),
-             entry: str | None = None, skip_unknown: bool = False) -> ResolvedConfig:
+             entry: str | None = None, skip_unknown: bool = False, check_macros: bool = True) -> ResolvedConfig:
     """Parses the gin files and flags into gin (which reports syntax errors and unknown names with
-    their file and line), then resolves the run they configure; an undefined macro is an error."""
+    their file and line), then resolves the run they configure.
+
+    check_macros: an undefined macro is an error (False: left as a reference, for callers such
+    as `estimate` that need only part of the run).
+    """
     from t5x_lite import config, config_sources
 
     config.parse(gin_files=gin_files, gin_bindings=gin_bindings, gin_search_paths=gin_search_paths,
                  skip_unknown=skip_unknown)
     bindings = config_sources.read_bindings(gin_files=gin_files, gin_bindings=gin_bindings,
                                             gin_search_paths=gin_search_paths, skip_unknown=skip_unknown)
-    check_macros_defined(bindings)
+    if check_macros:
+        check_macros_defined(bindings)
     return resolve(bindings, entry=entry)
 
 

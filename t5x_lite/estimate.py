@@ -158,7 +158,9 @@ def _task_source(value: Any) -> TaskSource:
     if isinstance(value, DeferredCall):
         data_dir = value.kwargs.get("data_dir") if value.name in PREPARED_TASK_FACTORIES else None
         return TaskSource(name=value.kwargs.get("name"), factory=value.name, data_dir=data_dir)
-    return TaskSource(name=None if value is None else str(value), factory=None, data_dir=None)
+    if not isinstance(value, str):  # None, or a macro (MIXTURE_OR_TASK_NAME) the config leaves unset
+        return TaskSource(name=None, factory=None, data_dir=None)
+    return TaskSource(name=value, factory=None, data_dir=None)
 
 
 def model_from_gin(resolved: Any, macro: str = "MODEL") -> Any:
@@ -667,8 +669,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         flags = parse_flags(rest)
         if flags.compile and flags.num_devices:
             request_cpu_devices(flags.num_devices)  # before anything starts JAX's backends
+        # MODEL_DIR or the task may be left unset: the estimate needs neither.
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
-                                           entry="train")
+                                           entry="train", check_macros=False)
         result = estimate(run_settings(resolved), flags)
         print(json.dumps(result, indent=2) if flags.json else format_report(result), end="" if not flags.json else "\n")
     return 0
