@@ -18,6 +18,12 @@ $(VENV)/.installed: requirements/lock.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+# NVIDIA GPUs (CUDA 12): the CUDA plugin and runtime libraries pinned in requirements/gpu.txt,
+# added to the locked environment with --no-deps (docs/gpu.md).
+.PHONY: install-gpu
+install-gpu: install
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/gpu.txt
+
 data: $(DATA_DIR)/metadata.json
 
 $(DATA_DIR)/metadata.json: | install
@@ -28,7 +34,9 @@ quickstart: install data
 	$(BIN)/t5x-lite eval --gin_file=runs/quickstart_eval.gin --gin.DATA_DIR="'$(DATA_DIR)'"
 	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
 
+# The generated configuration reference must match the code (and document every parameter).
 test: install
+	$(BIN)/t5x-lite config reference --out=docs/config_reference.md --check
 	$(BIN)/python -m pytest -q -n 2 tests
 
 clean:

@@ -48,5 +48,5 @@ def reported():
 
 
 def _without_gin_call_note(message: str) -> str:
-    """Drops the "In call to configurable 'x' (<function ...>)" line gin appends: noise to a user."""
-    return re.sub(r"\n\s*In call to configurable '[^']*' \(.*\)$", "", message, flags=re.MULTILINE)
+    """Drops the "In call to configurable 'x' (<function ...>) [in scope 's']" lines gin appends: noise to a user."""
+    return re.sub(r"\n\s*In call to configurable '[^']*' \(.*$", "", message, flags=re.MULTILINE)

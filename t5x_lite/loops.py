@@ -279,10 +279,6 @@ def train(
 
     checkpoints = checkpoint_lib.Checkpointer(model_dir, retention=retention, async_save=async_checkpoints)
     config_text = gin.operative_config_str()
-    if is_chief:
-        task = data_lib.get_task(train_data.mixture_or_task_name)
-        vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
-        _write_config(checkpoints.work_dir, config_text, vocabulary_file)
     writer = metrics.MetricsWriter(checkpoints.work_dir, total_steps=total_steps, initial_step=latest or 0,
                                    enabled=is_chief, progress_bar=progress_bar)
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
@@ -298,6 +294,11 @@ def train(
         abstract_state=checkpoint_lib.to_saveable(abstract_state, dropout_rng),
         check=lambda saved: checkpoint_lib.check_compatible(saved, metadata, model_dir=model_dir),
         warn=writer.print)
+    # Only now, with the saved state accepted (or absent), does this run's config replace the old one.
+    if is_chief:
+        task = data_lib.get_task(train_data.mixture_or_task_name)
+        vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
+        _write_config(checkpoints.work_dir, config_text, vocabulary_file)
     if restored is not None:
         latest, saved, iterator_state, _ = restored
         writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")

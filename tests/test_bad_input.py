@@ -71,6 +71,11 @@ def test_model_dir_with_a_different_model_is_left_untouched(data_dir, tmp_path):
     assert_bad_input(result, "holds checkpoints of a different model", "emb_dim: checkpoint 64 vs config 32",
                      "new --gin.MODEL_DIR")
     assert tree_digest(model_dir) == before
+    # The same model with another optimizer state (no clipping): refused when the state is read,
+    # and the directory's config.gin still describes the run whose checkpoints it holds.
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=4", "--gin.OptimizerConfig.clip_grad_norm=None")
+    assert_bad_input(result, "Nothing was changed")
+    assert tree_digest(model_dir) == before
 
 
 def test_missing_steps_and_epochs(data_dir, tmp_path):
