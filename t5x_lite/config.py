@@ -236,8 +236,7 @@ def _quiet_search_misses():
 
 def _with_suggestion(message: str) -> str:
     """Adds 'did you mean' for an unknown configurable or parameter named in a gin error."""
-    configurables = {c.name: c.wrapped for _, c in _registry_items()
-                     if getattr(c.wrapped, "__module__", "").split(".")[0] in ("t5x_lite", "tasks")}
+    configurables = own_configurables()
     unknown = re.search(r"No configurable matching (?:reference '@(?:[\w.]+/)*|')([\w.]+)", message)
     if unknown:
         close = difflib.get_close_matches(unknown.group(1), list(configurables), n=3)
@@ -251,6 +250,16 @@ def _with_suggestion(message: str) -> str:
         hint = f"Did you mean {', '.join(close)}? " if close else ""
         return f"{message}\n{hint}Parameters of {name}: {', '.join(params)}."
     return message
+
+
+def is_own(fn_or_cls) -> bool:
+    """A configurable of t5x_lite (or its tasks/), not one of gin's, t5's or seqio's."""
+    return getattr(fn_or_cls, "__module__", "").split(".")[0] in ("t5x_lite", "tasks")
+
+
+def own_configurables() -> dict:
+    """Registered name -> function or class, for every configurable t5x_lite registers."""
+    return {c.name: c.wrapped for _, c in _registry_items() if is_own(c.wrapped)}
 
 
 def _registry_items():

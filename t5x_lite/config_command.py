@@ -89,12 +89,12 @@ def _setting_lines(setting, resolved, *, depth: int, seen: frozenset = frozenset
     binding = setting.binding
     lines = [f"{pad}set by   {_where(binding)}"]
     lines += [f"{pad}overrode {_where(old)}" for old in setting.overridden]
-    for ref in config_resolve._walk(binding.value):  # noqa: SLF001 - the resolver's own traversal
-        name = "/".join(ref.scopes)
-        macro = resolved.macro(name) if config_resolve._is_macro(ref) else None  # noqa: SLF001
+    for name in config_resolve.macros_used(binding.value):
+        macro = resolved.macro(name)
         if macro is None or name in seen:
             continue
-        lines.append(f"{pad}%{name} = {config_resolve.format_value(config_resolve.substitute_macros(ref, resolved))}")
+        value = config_resolve.substitute_macros(macro.binding.value, resolved)
+        lines.append(f"{pad}%{name} = {config_resolve.format_value(value)}")
         lines += _setting_lines(macro, resolved, depth=depth + 1, seen=seen | {name})
     return lines
 
@@ -109,8 +109,7 @@ def _mentions_macro(param, resolved, wanted: str) -> bool:
 
     if param.setting is None:
         return False
-    return any(config_resolve._is_macro(ref) and wanted in "/".join(ref.scopes).lower()  # noqa: SLF001
-               for ref in config_resolve._walk(param.setting.binding.value))  # noqa: SLF001
+    return any(wanted in name.lower() for name in config_resolve.macros_used(param.setting.binding.value))
 
 
 # ----------------------------------------------------------------------------- unused

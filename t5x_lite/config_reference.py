@@ -31,17 +31,10 @@ MAX_DEFAULT_CHARS = 60
 
 def configurables() -> dict[str, Any]:
     """Registered name → function or class, for every configurable t5x_lite registers."""
-    import gin
-
     from t5x_lite import config
 
     config.register_configurables()
-    found = {}
-    for _, configurable in gin.config._REGISTRY.items():  # noqa: SLF001
-        module = getattr(configurable.wrapped, "__module__", "")
-        if module.split(".")[0] in ("t5x_lite", "tasks"):
-            found[configurable.name] = configurable.wrapped
-    return found
+    return config.own_configurables()
 
 
 def parameters(fn_or_cls: Any) -> dict[str, Any]:

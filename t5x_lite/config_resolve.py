@@ -20,6 +20,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import gin
 
+from t5x_lite import config
 from t5x_lite.config import ConfigError
 from t5x_lite.config_sources import Binding
 
@@ -159,7 +160,7 @@ def load_run(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (), gin_
     check_macros: an undefined macro is an error (False: left as a reference, for callers such
     as `estimate` that need only part of the run).
     """
-    from t5x_lite import config, config_sources
+    from t5x_lite import config_sources
 
     config.parse(gin_files=gin_files, gin_bindings=gin_bindings, gin_search_paths=gin_search_paths,
                  skip_unknown=skip_unknown)
@@ -175,9 +176,8 @@ def check_macros_defined(bindings: Sequence[Binding]) -> None:
     defined = {b.key for b in bindings if b.is_macro}
     problems = []
     for binding in bindings:
-        for ref in _walk(binding.value):
-            name = "/".join(ref.scopes)
-            if _is_macro(ref) and name not in defined:
+        for name in macros_used(binding.value):
+            if name not in defined:
                 close = difflib.get_close_matches(name, sorted(defined), n=2)
                 hint = f"; did you mean %{' or %'.join(close)}?" if close else "; set it, e.g. --gin.{name}=VALUE."
                 problems.append(f"%{name} is used but never set\n  at {binding.source}: {binding.text}{hint}")
@@ -258,8 +258,7 @@ def _signature(selector: str) -> dict[str, Any]:
 def _is_own(selector: str) -> bool:
     """A t5x_lite configurable (bound only through gin references), not a library's own callee."""
     configurable = gin.config._REGISTRY.get(selector)  # noqa: SLF001
-    module = getattr(configurable.wrapped, "__module__", "") if configurable else ""
-    return module.split(".")[0] in ("t5x_lite", "tasks")
+    return configurable is not None and config.is_own(configurable.wrapped)
 
 
 def _is_macro(reference: gin.config.ConfigurableReference) -> bool:
@@ -276,6 +275,11 @@ def _walk(value: Any) -> Iterator[gin.config.ConfigurableReference]:
         for k, v in value.items():
             yield from _walk(k)
             yield from _walk(v)
+
+
+def macros_used(value: Any) -> list[str]:
+    """The names of the %MACROs a bound value reads, in order."""
+    return ["/".join(ref.scopes) for ref in _walk(value) if _is_macro(ref)]
 
 
 def _references(value: Any, scope: tuple[str, ...], settings: dict[tuple, Setting], used: set[int],
