@@ -178,11 +178,8 @@ def make_trainer(model_config: Any, *, total_steps: int = 10_000):
     from t5x_lite import trainer as trainer_lib
     from t5x_lite.optim import OptimizerConfig
 
-    optimizer = OptimizerConfig()
-    mesh = partitioning.make_mesh()
-    return trainer_lib.Trainer(model=model_config.make_module(), optimizer=optimizer.build(total_steps),
-                               learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh,
-                               rules=partitioning.DEFAULT_RULES)
+    return trainer_lib.Trainer.for_run(model=model_config, optimizer=OptimizerConfig(), total_steps=total_steps,
+                                       mesh=partitioning.make_mesh(), rules=partitioning.DEFAULT_RULES)
 
 
 def make_batch(model_config: Any, *, batch: int, length: int, inputs_length: int | None = None,
@@ -265,14 +262,3 @@ def mfu(flops_token: float, tokens_per_second: float, peak: float) -> float:
 
     return metrics.model_flops_utilization(flops_per_token=flops_token, tokens_per_second=tokens_per_second,
                                            peak_flops_per_device=peak, num_devices=jax.device_count())
-
-
-def memory_row(stats: Any) -> dict[str, int]:
-    """Bytes of a `CompiledMemoryStats` (XLA's buffer assignment), with `total` the usual estimate of
-    the step's peak: arguments + outputs - aliased (donated) + temp. XLA's own `peak_memory_in_bytes`
-    is kept as `xla_peak`; on CPU it leaves out temp (0 where the backend does not report it).
-    """
-    arg, out, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
-                             stats.alias_size_in_bytes, stats.temp_size_in_bytes)
-    return {"arguments": arg, "outputs": out, "aliased": alias, "temp": temp, "total": arg + out - alias + temp,
-            "xla_peak": getattr(stats, "peak_memory_in_bytes", 0), "host_temp": stats.host_temp_size_in_bytes}

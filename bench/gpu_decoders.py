@@ -27,6 +27,7 @@ import statistics
 import jax
 
 from bench import common
+from t5x_lite import trainer as trainer_lib
 
 DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
             "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
@@ -90,7 +91,7 @@ def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
                               packed_segments=s["packed_segments"])
     trainer = common.make_trainer(cfg)
     step = common.compile_train_step(trainer, batch)
-    mem = common.memory_row(step.compiled.memory_analysis())
+    mem = trainer_lib.compiled_memory_bytes(step.compiled.memory_analysis())
     predicted = max(mem["total"], mem["xla_peak"])
     if limit and predicted > limit:
         return {"skipped": f"predicted {common.fmt_bytes(predicted)} > limit {common.fmt_bytes(limit)}"}

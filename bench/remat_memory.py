@@ -9,6 +9,7 @@ state) and XLA's peak. A policy that fails to compile shows its error class inst
 from __future__ import annotations
 
 from bench import common
+from t5x_lite import trainer as trainer_lib
 
 DEFAULTS = {"num_layers": 12, "emb_dim": 512, "num_heads": 8, "head_dim": 64, "mlp_dim": 1536,
             "vocab_size": 8192, "seq_len": 512, "batch_size": 8, "dtype": "float32", "scan_layers": True,
@@ -44,7 +45,7 @@ def run(args, command: str) -> None:
         batch = common.make_batch(cfg, batch=settings["batch_size"], length=settings["seq_len"])
         try:
             step = common.compile_train_step(common.make_trainer(cfg), batch)
-            mem = common.memory_row(step.compiled.memory_analysis())
+            mem = trainer_lib.compiled_memory_bytes(step.compiled.memory_analysis())
         except Exception as e:  # noqa: BLE001 - reported in the table
             errors.append(f"{policy}: {common.short_error(e, 300)}")
             rows.append([policy, common.error_name(e), *["-"] * 7])

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import sys
 from typing import Any, Mapping, Sequence
 
@@ -202,23 +201,6 @@ def run_settings(resolved: Any) -> RunSettings:
 # --------------------------------------------------------------------------------- data
 
 
-def read_prepared_metadata(data_dir: str) -> dict | None:
-    """The metadata.json of a `t5x-lite prepare` directory, or None when there is none."""
-    from t5x_lite import storage
-    from t5x_lite.prepare import METADATA_FILE
-
-    path = storage.join(data_dir, METADATA_FILE)
-    if not storage.is_url(data_dir):  # local: no TensorFlow needed
-        if not os.path.isfile(path):
-            return None
-        with open(path) as f:
-            return json.load(f)
-    if not storage.exists(path):
-        return None
-    with storage.open(path, "r") as f:
-        return json.load(f)
-
-
 def epoch_estimate(*, task: TaskSource, train_data: Any) -> dict[str, Any]:
     """Tokens and steps per epoch from the task's prepared metadata, or None with the reason why not."""
     unknown = {"tokens_per_epoch": None, "steps_per_epoch": None, "documents": None}
@@ -227,10 +209,10 @@ def epoch_estimate(*, task: TaskSource, train_data: Any) -> dict[str, Any]:
                else f"the task {task.name!r} is not a prepared directory read by lm_task" if task.factory is None
                else f"{task.factory} does not read a `t5x-lite prepare` directory")
         return {**unknown, "note": f"unknown: {why}; `t5x-lite train` counts the steps of each epoch as it starts"}
-    from t5x_lite import storage
+    from t5x_lite import prepare, storage
 
     try:
-        metadata = read_prepared_metadata(task.data_dir)
+        metadata = prepare.read_metadata(task.data_dir)
     except (OSError, ValueError, storage.StorageError) as e:  # unreadable: the estimate goes on without it
         return {**unknown, "note": f"unknown: cannot read metadata.json of {task.data_dir!r} ({e})"}
     if metadata is None:
@@ -275,10 +257,9 @@ def _trainer(settings: RunSettings, mesh: Any) -> Any:
     from t5x_lite import trainer as trainer_lib
 
     total_steps = max(settings.train_steps or 1, 1)  # the schedule's length changes no shape
-    return trainer_lib.Trainer(
-        model=settings.model.make_module(), optimizer=settings.optimizer.build(total_steps),
-        learning_rate_fn=settings.optimizer.schedule(total_steps), mesh=mesh, rules=settings.logical_axis_rules,
-        loss_config=settings.loss, microbatches=settings.microbatches)
+    return trainer_lib.Trainer.for_run(model=settings.model, optimizer=settings.optimizer, total_steps=total_steps,
+                                       mesh=mesh, rules=settings.logical_axis_rules, loss=settings.loss,
+                                       microbatches=settings.microbatches)
 
 
 def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int]) -> dict[str, int]:
@@ -400,6 +381,7 @@ def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any
     import time
 
     from t5x_lite import partitioning
+    from t5x_lite import trainer as trainer_lib
     from t5x_lite.models import stack
 
     devices = _ensure_devices(num_devices)
@@ -410,14 +392,9 @@ def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any
     start = time.perf_counter()
     compiled = trainer.lower_train_step(batch).compile()
     seconds = time.perf_counter() - start
-    stats = compiled.memory_analysis()
-    arguments, outputs = stats.argument_size_in_bytes, stats.output_size_in_bytes
-    aliased, temp = stats.alias_size_in_bytes, stats.temp_size_in_bytes
     batch_bytes = sum(v.nbytes for v in batch.values()) // partitioning.num_batch_shards(mesh, trainer.rules)
-    return {"arguments": arguments, "batch": batch_bytes, "outputs": outputs, "aliased": aliased, "temp": temp,
-            "host_temp": getattr(stats, "host_temp_size_in_bytes", 0),
-            "total": arguments + outputs - aliased + temp, "device": f"{num_devices} x {devices[0].device_kind}",
-            "lower_and_compile_seconds": round(seconds, 2)}
+    return {**trainer_lib.compiled_memory_bytes(compiled.memory_analysis()), "batch": batch_bytes,
+            "device": f"{num_devices} x {devices[0].device_kind}", "lower_and_compile_seconds": round(seconds, 2)}
 
 
 # ------------------------------------------------------------------------------ estimate

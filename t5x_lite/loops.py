@@ -269,11 +269,8 @@ def train(
                                             shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
     steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
     total_steps = min(s for s in (train_steps, num_epochs and steps_per_epoch * num_epochs) if s)
-    tx = optimizer.build(total_steps)
-    trainer = trainer_lib.Trainer(
-        model=model.make_module(), optimizer=tx, learning_rate_fn=optimizer.schedule(total_steps),
-        mesh=mesh, rules=logical_axis_rules, loss_config=loss, microbatches=microbatches,
-    )
+    trainer = trainer_lib.Trainer.for_run(model=model, optimizer=optimizer, total_steps=total_steps, mesh=mesh,
+                                          rules=logical_axis_rules, loss=loss, microbatches=microbatches)
     example = {k: np.zeros(shape, np.int32) for k, shape in train_data.model_feature_shapes(train_data.batch_size).items()}
     abstract_state = trainer.abstract_state(example)
 

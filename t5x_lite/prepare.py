@@ -529,6 +529,23 @@ def _count(n: float) -> str:
     return str(int(n))
 
 
+def read_metadata(data_dir: str) -> dict | None:
+    """The metadata.json of a prepared directory (local, gs:// or s3://); None when it has none.
+
+    A local directory is read without TensorFlow; storage.StorageError for an unreachable store.
+    """
+    path = storage.join(data_dir, METADATA_FILE)
+    if not storage.is_url(data_dir):
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    if not storage.exists(path):
+        return None
+    with storage.open(path, "r") as f:
+        return json.load(f)
+
+
 def _write_json(path: str, value: dict) -> None:
     with open(path + _TMP_SUFFIX, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2)

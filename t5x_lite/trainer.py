@@ -84,6 +84,15 @@ class Trainer:
     loss_config: LossConfig = LossConfig()
     microbatches: int = 1
 
+    @classmethod
+    def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, mesh: Mesh, rules: partitioning.LogicalRules,
+                loss: LossConfig = LossConfig(), microbatches: int = 1) -> "Trainer":
+        """The trainer of a run: the model config's module (a DecoderConfig or T5Config) and the
+        OptimizerConfig's transformation and schedule built for `total_steps`."""
+        return cls(model=model.make_module(), optimizer=optimizer.build(total_steps),
+                   learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh, rules=rules, loss_config=loss,
+                   microbatches=microbatches)
+
     def __post_init__(self):
         self.rules = partitioning.rules_for_mesh(self.rules, self.mesh)
         self.batch_sharding = partitioning.batch_sharding(self.mesh, self.rules)
@@ -222,3 +231,17 @@ class Trainer:
             )
         with self._context():
             return self._eval_step(params, batch)
+
+
+def compiled_memory_bytes(stats: Any) -> dict[str, int]:
+    """Bytes of a compiled step's `memory_analysis()` (XLA's buffer assignment per device).
+
+    `total` is the usual estimate of the step's peak: arguments + outputs - aliased (donated)
+    + temp. XLA's own `peak_memory_in_bytes` is kept as `xla_peak`; on CPU it leaves out temp
+    (0 where the backend does not report it).
+    """
+    arg, out, alias, temp = (stats.argument_size_in_bytes, stats.output_size_in_bytes,
+                             stats.alias_size_in_bytes, stats.temp_size_in_bytes)
+    return {"arguments": arg, "outputs": out, "aliased": alias, "temp": temp, "total": arg + out - alias + temp,
+            "xla_peak": getattr(stats, "peak_memory_in_bytes", 0),
+            "host_temp": getattr(stats, "host_temp_size_in_bytes", 0)}

@@ -9,11 +9,9 @@ then packs pieces into full rows.
 from __future__ import annotations
 
 import functools
-import json
 
-from t5x_lite import storage, tfrecord_stream
+from t5x_lite import prepare, storage, tfrecord_stream
 from t5x_lite.errors import TaskDataError
-from t5x_lite.prepare import METADATA_FILE
 from t5x_lite.tf_setup import import_tensorflow
 
 tf = import_tensorflow()  # first, so that seqio and t5 find it quiet and off the GPUs
@@ -24,19 +22,17 @@ from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 
 def read_metadata(data_dir: str) -> dict:
     """The metadata.json of a prepared directory (local, gs:// or s3://), or a clear error."""
-    path = storage.join(data_dir, METADATA_FILE)
     try:
-        found = storage.exists(path)
+        metadata = prepare.read_metadata(data_dir)
     except storage.StorageError as e:  # no credentials: the message says what to set
         raise TaskDataError(str(e)) from None
-    if not found:
+    if metadata is None:
         raise TaskDataError(
-            f"Data directory {data_dir!r} has no {METADATA_FILE}: it is missing (check the bucket "
+            f"Data directory {data_dir!r} has no {prepare.METADATA_FILE}: it is missing (check the bucket "
             f"and prefix of a gs:// or s3:// path) or was never prepared. Run `t5x-lite prepare "
             f"--input=... --out={data_dir}` (or point the task's data_dir at a prepared directory)."
         )
-    with storage.open(path, "r") as f:
-        return json.load(f)
+    return metadata
 
 
 def _check_split_files(data_dir: str, metadata: dict) -> dict[str, list[str]]:
