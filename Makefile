@@ -24,6 +24,12 @@ $(VENV)/.installed: requirements/lock.txt pyproject.toml
 install-gpu: install
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/gpu.txt
 
+# Cloud TPU VMs: the TPU runtime (libtpu) pinned in requirements/tpu.txt, added to the locked
+# environment with --no-deps; launch/tpu/install.sh runs this on every worker of a slice.
+.PHONY: install-tpu
+install-tpu: install
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tpu.txt
+
 data: $(DATA_DIR)/metadata.json
 
 $(DATA_DIR)/metadata.json: | install

@@ -9,6 +9,7 @@
     t5x-lite checkpoint info PATH                what a checkpoint holds (model, step, data position)
     t5x-lite config show|explain|diff|reference  the resolved config, where each value came from, diffs
     t5x-lite estimate --gin_file=FILE ...        parameters, FLOPs, memory and time before you spend compute
+    t5x-lite launch slurm --gin_file=FILE --nodes=N ...   render and submit a SLURM job (--dry-run prints it)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ COMMANDS = {
     "checkpoint": ("t5x_lite.checkpoint_info", "`checkpoint info PATH`: what a checkpoint holds"),
     "config": ("t5x_lite.config_command", "show / explain / diff resolved gin configs; write the reference"),
     "estimate": ("t5x_lite.estimate", "parameters, FLOPs, memory per device and time to train, from a gin config"),
+    "launch": ("t5x_lite.launch", "`launch slurm`: render and submit a multi-node SLURM job (or --dry-run)"),
 }
 
 

@@ -27,12 +27,14 @@ class EmptyEvalSetError(EvalDataError):
 
 def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
-    from t5x_lite import cache_tasks, checkpoint, config, init_from, input_pipeline, loops, prepare, storage
+    from t5x_lite import (cache_tasks, checkpoint, config, distributed, init_from, input_pipeline, loops, prepare,
+                          storage)
 
     return (config.ConfigError, loops.RunConfigError, loops.NonFiniteLossError, checkpoint.CheckpointMismatchError,
             checkpoint.NoUsableCheckpointError, checkpoint.CheckpointNotFoundError, init_from.InitFromError, ConfigValueError,
             TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
-            input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError)
+            input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError,
+            distributed.DistributedConfigError, distributed.CoordinatorUnreachableError)
 
 
 @contextlib.contextmanager
@@ -43,10 +45,10 @@ def reported():
     except Exception as e:  # noqa: BLE001 - filtered just below
         if not isinstance(e, bad_input_types()):
             raise
-        print(f"error: {_without_gin_call_note(str(e))}", file=sys.stderr)
+        print(f"error: {without_gin_call_note(str(e))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
 
 
-def _without_gin_call_note(message: str) -> str:
+def without_gin_call_note(message: str) -> str:
     """Drops the "In call to configurable 'x' (<function ...>) [in scope 's']" lines gin appends: noise to a user."""
     return re.sub(r"\n\s*In call to configurable '[^']*' \(.*$", "", message, flags=re.MULTILINE)

@@ -400,6 +400,16 @@ def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any
 # ------------------------------------------------------------------------------ estimate
 
 
+def check_layout(settings: RunSettings, *, num_devices: int) -> tuple[dict[str, int], int]:
+    """(mesh shape, batch shards) of the run on `num_devices`; a ConfigValueError when the mesh,
+    the batch and the sequence length do not fit together (what train refuses before compiling)."""
+    mesh_shape = estimate_math.resolve_mesh_shape(mesh_axes=settings.mesh_axes, num_devices=num_devices)
+    rules = _filtered_rules(settings.logical_axis_rules, mesh_shape)
+    batch_shards = _logical_shards(("batch",), rules, mesh_shape)[0]
+    _check_batch(settings, batch_shards)
+    return mesh_shape, batch_shards
+
+
 def _check_batch(settings: RunSettings, batch_shards: int) -> None:
     data, model = settings.train_data, settings.model
     if data.batch_size % batch_shards:
@@ -481,10 +491,7 @@ def estimate(settings: RunSettings, flags: Flags) -> dict[str, Any]:
         num_devices = jax.device_count()
     else:
         num_devices = flags.num_devices
-    mesh_shape = estimate_math.resolve_mesh_shape(mesh_axes=settings.mesh_axes, num_devices=num_devices)
-    rules = _filtered_rules(settings.logical_axis_rules, mesh_shape)
-    batch_shards = _logical_shards(("batch",), rules, mesh_shape)[0]
-    _check_batch(settings, batch_shards)
+    mesh_shape, batch_shards = check_layout(settings, num_devices=num_devices)
     if flags.compile:
         _ensure_devices(num_devices)  # before the arithmetic: a missing device is the first thing to say
 

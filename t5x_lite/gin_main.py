@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from t5x_lite import errors
+from t5x_lite import distributed, errors
 
 
 def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
@@ -14,20 +14,26 @@ def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
     Bad input (an unknown flag, a gin error, an undefined macro, a configuration or data
     problem) is reported as one `error: ...` line and exit code 2. Bindings that the run never
     uses (a misspelt scope or macro) are warned about on stderr before it starts.
+
+    The config is read first, so that a bad one fails at once; then the process joins the
+    run's other processes (distributed.py) before anything touches a device.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
-        print(usage)
+        print(f"{usage}\n{distributed.FLAGS_HELP}")
         return 0
     with errors.reported():
         from t5x_lite import config, config_command, config_resolve
 
         files, bindings, paths, rest = config.split_gin_flags(argv)
+        distributed_flags, rest = distributed.parse_flags(rest)
         if rest:
             raise config.ConfigError(f"Unknown arguments {rest}.\n{usage}")
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                            entry=configurable)
-        config_command.print_unused_warnings(resolved)
+        distributed.setup(distributed_flags)
+        if distributed.is_chief():
+            config_command.print_unused_warnings(resolved)
         import gin
 
         gin.get_configurable(configurable)()

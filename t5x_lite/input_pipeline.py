@@ -296,17 +296,21 @@ class BatchIterator:
     # ------------------------------------------------------------------------------ state
 
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-able state: restoring it resumes the exact same stream."""
+        """A small JSON-able state: restoring it resumes the exact same stream.
+
+        Every data shard takes one batch per step, so all shards are at the same position and
+        one process's state (process 0's, the one a checkpoint keeps) restores every shard.
+        """
         return {"epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
                 "steps_in_epoch": self._agreed_steps.get(self.epoch),
                 "shard_index": self.shard_index, "num_shards": self.num_shards}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if (state["shard_index"], state["num_shards"]) != (self.shard_index, self.num_shards):
+        if state["num_shards"] != self.num_shards:
             raise ValueError(
-                f"Iterator state is for shard {state['shard_index']} of {state['num_shards']}, "
-                f"but this process reads shard {self.shard_index} of {self.num_shards}."
-            )
+                f"The saved data position is for {state['num_shards']} data shard(s), but this run reads "
+                f"{self.num_shards}: the positions of a different number of shards (processes) cannot be "
+                "continued exactly. Resume with the process count and mesh the run was saved with.")
         self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
         saved_steps = state.get("steps_in_epoch")
         self._agreed_steps = {self.epoch: int(saved_steps)} if self.plan_epochs and saved_steps else {}

@@ -19,7 +19,8 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import decoding, eval_loop, init_from as init_from_lib, input_pipeline, metrics, partitioning, storage
+from t5x_lite import (decoding, eval_loop, init_from as init_from_lib, input_pipeline, metrics, partitioning, profiling,
+                      storage)
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.preemption import Preempted, PreemptionWatcher
 from t5x_lite.retention import RetentionPolicy
@@ -185,6 +186,7 @@ def train(
     multiple_choice: Sequence[eval_loop.MultipleChoiceEval] = (),
     progress_bar: bool | None = None,
     task_module: str | None = None,
+    profile_steps: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """Trains a model (decoder-only or encoder-decoder) and returns the last train and eval metrics.
 
@@ -223,12 +225,15 @@ def train(
         scored at every evaluation; acc and acc_norm go to the log and TensorBoard.
       progress_bar: show a progress bar (None: only when stderr is a terminal).
       task_module: a module to import first that registers the user's own seqio tasks.
+      profile_steps: (start, stop): write a jax.profiler trace of the steps from `start` up to
+        `stop` to MODEL_DIR/profile/process_<i>/ for TensorBoard (None: no trace; docs/profiling.md).
     """
     if task_module:
         import_task_module(task_module)
     model_dir = storage.absolute(model_dir)
     if on_nonfinite not in ON_NONFINITE:
         raise ConfigValueError(f"train.on_nonfinite={on_nonfinite!r}: use one of {ON_NONFINITE}.")
+    profiling.check_profile_steps(profile_steps)
     eval_every = parse_period(eval_period, name="train.eval_period")
     checkpoint_every = parse_period(checkpoint_period, name="train.checkpoint_period")
     train_data = train_data.for_model_family(model.family)
@@ -280,24 +285,30 @@ def train(
                                    enabled=is_chief, progress_bar=progress_bar)
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
                  f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
-                 f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)")
+                 f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
+                 + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
     if steps_per_epoch:
         writer.print(f"data: {steps_per_epoch} steps per epoch of {train_data.mixture_or_task_name!r} "
                      f"(epoch 0, counted; later epochs are counted as they start), "
                      f"{num_epochs or 'unlimited'} epoch(s), {num_shards} data shard(s) of {host_batch} rows")
 
-    dropout_rng = jax.random.PRNGKey(seed + 1)
+    dropout_rng = trainer.replicated(jax.random.PRNGKey(seed + 1))
     restored = checkpoints.restore_latest_good(
         abstract_state=checkpoint_lib.to_saveable(abstract_state, dropout_rng),
         check=lambda saved: checkpoint_lib.check_compatible(saved, metadata, model_dir=model_dir),
         warn=writer.print)
+    if restored is not None:
+        latest, saved, iterator_state, _ = restored
+        try:
+            iterator.set_state(iterator_state)
+        except ValueError as e:
+            raise RunConfigError(f"{e} Nothing was changed in {model_dir}.") from None
     # Only now, with the saved state accepted (or absent), does this run's config replace the old one.
     if is_chief:
         task = data_lib.get_task(train_data.mixture_or_task_name)
         vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
         _write_config(checkpoints.work_dir, config_text, vocabulary_file)
     if restored is not None:
-        latest, saved, iterator_state, _ = restored
         writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
         if init_from is not None:
             writer.print(f"train.init_from ({init_from.checkpoint}) is not used: {model_dir} already holds this "
@@ -305,7 +316,6 @@ def train(
                          "over. To start afresh from init_from, use a new MODEL_DIR.")
         dropout_rng = saved.pop("dropout_rng")
         state = trainer_lib.TrainState(**saved)
-        iterator.set_state(iterator_state)
     else:
         latest = None
         state = trainer.init_state(jax.random.PRNGKey(seed), example)
@@ -384,7 +394,7 @@ def train(
         return result
 
     def show_samples():
-        if not prompts or not is_chief:
+        if not prompts:  # every process decodes (a collective over the mesh); the writer prints on process 0
             return
         texts = sample_texts(model=model, params=state.params, vocabulary=vocabulary, prompts=prompts,
                              max_new_tokens=sample_max_new_tokens, seed=seed + step)
@@ -395,6 +405,8 @@ def train(
     if prompts and model.family != "decoder_only":
         writer.print("samples skipped: sampling during training supports decoder-only models")
         prompts = []
+    profiler = profiling.StepProfiler(profile_steps, log_dir=profiling.trace_dir(checkpoints.work_dir, jax.process_index()),
+                                      first_step=step, print_fn=writer.print)
     watcher = PreemptionWatcher().__enter__()
     try:
         # Check the step limit before taking a batch: a batch taken is a batch the saved
@@ -407,7 +419,8 @@ def train(
             if step == 0 and init_from is None:
                 _sanity_check_initial_loss(trainer, state.params, global_batch, model.vocab_size,
                                            init_loss_tolerance, writer)
-            state, step_metrics = trainer.train_step(state, global_batch, dropout_rng)
+            with profiler.step(step, outputs=lambda: state):
+                state, step_metrics = trainer.train_step(state, global_batch, dropout_rng)
             step += 1
             window.append(step_metrics)
             if step % log_period == 0 or step == train_steps:
@@ -422,7 +435,8 @@ def train(
             if checkpoint_every.due(**when):
                 save()
             stop_reason = watcher.should_stop(step)
-            if stop_reason:
+            finished = step == train_steps or (num_epochs is not None and iterator.epoch >= num_epochs)
+            if stop_reason and not finished:  # a stop asked for at the last step: the run simply ends
                 if last_saved != step:
                     save()
                 checkpoints.wait()
@@ -437,6 +451,7 @@ def train(
         if eval_data is None:
             show_samples()
     finally:
+        profiler.stop()
         watcher.__exit__(None, None, None)
         iterator.close()
         checkpoints.close()

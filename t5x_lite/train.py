@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from t5x_lite import gin_main
+from t5x_lite import errors, gin_main
 from t5x_lite.preemption import EXIT_PREEMPTED, Preempted
 
 USAGE = """usage: t5x-lite train --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...]
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return gin_main.run(argv, usage=USAGE, configurable="train")
     except Preempted as e:
-        print(str(e), file=sys.stderr)
+        print(errors.without_gin_call_note(str(e)), file=sys.stderr)
         return EXIT_PREEMPTED
 
 

@@ -17,6 +17,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -132,6 +133,15 @@ class Trainer:
             lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, self.state_shardings
         )
 
+    def replicated(self, value: Any) -> jax.Array:
+        """A host value (the same in every process) as a global array copied to every device.
+
+        With several processes, a jitted step takes only global arrays; a plain `jax.random.PRNGKey`
+        lives on one local device.
+        """
+        value = np.asarray(value)
+        return jax.make_array_from_callback(value.shape, self._replicated, lambda index: value[index])
+
     def init_state(self, rng: jax.Array, example_batch: Batch) -> TrainState:
         """Initialises parameters and optimizer state directly in their shardings."""
         if self.state_shardings is None:
@@ -144,7 +154,7 @@ class Trainer:
             return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=self.optimizer.init(params))
 
         with self._context():
-            return jax.jit(init, out_shardings=self.state_shardings)(rng)
+            return jax.jit(init, out_shardings=self.state_shardings)(self.replicated(rng))
 
     def _train_step_fn(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
         rng = jax.random.fold_in(dropout_rng, state.step)

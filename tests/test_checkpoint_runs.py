@@ -1,5 +1,5 @@
-"""Whole runs through the CLI: exact resume after SIGKILL and SIGTERM at random steps (1 and 8
-devices), fine-tuning from another run, a NaN stop, and a model directory on s3."""
+"""Whole runs through the CLI: 8 devices match 1, exact resume after SIGKILL and SIGTERM at
+random steps, fine-tuning from another run, a NaN stop, and a model directory on s3."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import re
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
@@ -21,7 +22,7 @@ COMMON = [f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.checkpoint_period=2", "--gi
 EXIT_PREEMPTED = 75
 
 
-def _interrupt(data_dir, model_dir, *, sig, at_step: int, delay: float, devices: int, extra=()):
+def _interrupt(data_dir, model_dir, *, sig, at_step: int, delay: float, devices: int = 8, extra=()):
     """Starts a run and sends it `sig` `delay` seconds after it reports step `at_step`'s loss;
     returns (exit code, output)."""
     args = ["train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
@@ -38,30 +39,35 @@ def _interrupt(data_dir, model_dir, *, sig, at_step: int, delay: float, devices:
     return process.wait(timeout=300), "".join(lines)
 
 
-@pytest.mark.parametrize("devices,mesh", [(1, ()), (8, ("--gin_file=mesh/fsdp_tensor.gin",))], ids=["1_device", "8_devices"])
-def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path, devices, mesh):
-    """A run killed with SIGKILL, restarted, stopped with SIGTERM, restarted again ends with the
-    same parameters, bit for bit, as a run never interrupted. The kill points are random: any
-    step, during or between (asynchronous) checkpoint writes."""
+EIGHT = ("--gin_file=mesh/fsdp_tensor.gin",)
+
+
+def test_eight_devices_match_one_and_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
+    """A run on 8 devices (fsdp x tensor) has the losses of the same run on 1 device. Killed with
+    SIGKILL, restarted, stopped with SIGTERM, restarted again, it ends with the same parameters,
+    bit for bit, as the run never interrupted. The kill points are random: any step, during or
+    between (asynchronous) checkpoint writes. (Multi-process resume: tests/test_slurm.py.)"""
     rng = random.Random()
     kill_at, kill_delay = rng.randint(3, 5), rng.uniform(0.0, 0.03)
     term_at, term_delay = rng.randint(6, 7), rng.uniform(0.0, 0.03)
     where = f"SIGKILL {kill_delay:.3f}s after step {kill_at}, SIGTERM {term_delay:.3f}s after step {term_at}"
 
-    straight = train(data_dir, tmp_path / "straight", *COMMON, *mesh, devices=devices)
+    one = train(data_dir, tmp_path / "one", *COMMON)
+    assert one.returncode == 0, one.stderr[-3000:]
+    straight = train(data_dir, tmp_path / "straight", *COMMON, *EIGHT, devices=8)
     assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "mesh {'replica': 1, 'data': 1, 'fsdp': 4, 'tensor': 2} on 8 cpu" in straight.stdout
+    np.testing.assert_allclose(losses(straight.stdout), losses(one.stdout), rtol=2e-4)
 
     run = tmp_path / "interrupted"
-    code, out = _interrupt(data_dir, run, sig=signal.SIGKILL, at_step=kill_at, delay=kill_delay,
-                           devices=devices, extra=mesh)
+    code, out = _interrupt(data_dir, run, sig=signal.SIGKILL, at_step=kill_at, delay=kill_delay, extra=EIGHT)
     assert code == -signal.SIGKILL, (where, out[-3000:])
-    code, out = _interrupt(data_dir, run, sig=signal.SIGTERM, at_step=term_at, delay=term_delay,
-                           devices=devices, extra=mesh)
+    code, out = _interrupt(data_dir, run, sig=signal.SIGTERM, at_step=term_at, delay=term_delay, extra=EIGHT)
     assert code == EXIT_PREEMPTED, (where, out[-3000:])
     assert "received SIGTERM: saved a checkpoint at step" in out
     stopped_at = int(re.search(r"saved a checkpoint at step (\d+)", out).group(1))
     assert term_at <= stopped_at < STEPS, where
-    resumed = train(data_dir, run, *COMMON, *mesh, devices=devices)
+    resumed = train(data_dir, run, *COMMON, *EIGHT, devices=8)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"Resuming from the checkpoint at step {stopped_at}" in resumed.stdout, where
 
