@@ -32,7 +32,8 @@ class DataConfig:
       batch_size: global batch size (rows per step over all processes).
       shuffle: shuffle files and examples (with a per-epoch seed).
       pack: pack several examples into each row (segment ids keep them apart).
-      seed: data seed; epoch e shuffles with input_pipeline.epoch_seed(seed, e), a hash of the pair.
+      seed: data seed; data shard i (one per process) reads epoch e with input_pipeline.epoch_seed(seed, e, i),
+        a hash of the three (for the shuffle and seqio's random preprocessors).
       use_cached: read seqio's offline cache of the task.
     """
 

@@ -63,12 +63,16 @@ def root_message(text: str) -> str:
     return raised[-1].strip() if raised else text.strip().splitlines()[0]
 
 
-def epoch_seed(seed: int, epoch: int) -> int:
-    """The shuffle seed of one epoch: independent streams for every (seed, epoch) pair.
+def epoch_seed(seed: int, epoch: int, shard_index: int = 0) -> int:
+    """The seed of one data shard's epoch: independent streams for every (seed, epoch, shard).
 
-    (seed + epoch would make epoch 1 of seed 0 replay epoch 0 of seed 1.)
+    (seed + epoch would make epoch 1 of seed 0 replay epoch 0 of seed 1.) Each shard needs its
+    own: seqio seeds the random preprocessors (span corruption's noise) from it, and one seed
+    for all would give the i-th example of every shard the same draws. Shard 0 keeps the
+    (seed, epoch) stream, so a single-process run reads what it always did.
     """
-    return int(np.random.SeedSequence([seed, epoch]).generate_state(1, np.uint32)[0] >> 1)
+    entropy = [seed, epoch] if shard_index == 0 else [seed, epoch, shard_index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0] >> 1)
 
 
 class PipelineStats:
@@ -119,7 +123,7 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
         shuffle=config.shuffle,
         # Seeded even unshuffled: random preprocessors (span corruption, prefix split points)
         # then draw the same way on every pass, so evaluations repeat exactly.
-        seed=epoch_seed(config.seed, epoch),
+        seed=epoch_seed(config.seed, epoch, shard_index),
         shard_info=seqio.ShardInfo(index=shard_index, num_shards=num_shards),
         num_epochs=1,
         trim_output_features=False,

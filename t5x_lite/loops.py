@@ -405,7 +405,7 @@ def train(
     if prompts and model.family != "decoder_only":
         writer.print("samples skipped: sampling during training supports decoder-only models")
         prompts = []
-    profiler = profiling.StepProfiler(profile_steps, log_dir=profiling.trace_dir(checkpoints.work_dir, jax.process_index()),
+    profiler = profiling.StepProfiler(profile_steps, log_dir=profiling.trace_dir(model_dir, jax.process_index()),
                                       first_step=step, print_fn=writer.print)
     watcher = PreemptionWatcher().__enter__()
     try:

@@ -2,17 +2,21 @@
 
 `train.profile_steps = (10, 15)` (or `--gin.PROFILE_STEPS=(10,15)`) traces the steps that
 start at step 10 up to, not including, 15: after compilation and warm-up, so the trace shows
-steady-state steps. Each process writes its own trace under MODEL_DIR/profile/process_<i>/.
+steady-state steps. Each process writes its own trace under MODEL_DIR/profile/process_<i>/
+(traced to local disk first and copied up when MODEL_DIR is gs:// or s3://).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from typing import Any, Callable, Sequence
 
 import jax
 
+from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError
 
 
@@ -30,8 +34,8 @@ def check_profile_steps(steps: Sequence[int] | None) -> tuple[int, int] | None:
     return start, stop
 
 
-def trace_dir(work_dir: str, process_index: int) -> str:
-    return os.path.join(work_dir, "profile", f"process_{process_index}")
+def trace_dir(model_dir: str, process_index: int) -> str:
+    return storage.join(model_dir, "profile", f"process_{process_index}")
 
 
 class StepProfiler:
@@ -39,7 +43,7 @@ class StepProfiler:
 
     Args:
       steps: (start, stop) or None (never traces).
-      log_dir: where jax.profiler writes (a local directory).
+      log_dir: where the trace goes (a local directory, gs:// or s3://).
       first_step: the step the run starts at (a resumed run may already be past `start`).
       print_fn: where the start and end of the trace are announced.
     """
@@ -48,6 +52,7 @@ class StepProfiler:
                  print_fn: Callable[[str], None]):
         self._range = check_profile_steps(steps)
         self._log_dir = log_dir
+        self._local_dir = log_dir
         self._print = print_fn
         self._active = False
         self._last_traced: int | None = None
@@ -61,8 +66,9 @@ class StepProfiler:
         """Wraps the train step that starts at `step`; `outputs()` gives what it computed, so the
         trace ends only after the device has finished it."""
         if self._range and step == self._range[0]:
-            os.makedirs(self._log_dir, exist_ok=True)
-            jax.profiler.start_trace(self._log_dir)
+            self._local_dir = tempfile.mkdtemp(prefix="t5x_lite_profile_") if storage.is_url(self._log_dir) else self._log_dir
+            os.makedirs(self._local_dir, exist_ok=True)
+            jax.profiler.start_trace(self._local_dir)
             self._active = True
         if self._active:
             self._last_traced = step
@@ -80,6 +86,19 @@ class StepProfiler:
             return
         jax.profiler.stop_trace()
         self._active = False
+        if self._local_dir != self._log_dir:
+            _upload(self._local_dir, self._log_dir)
         self._print(f"profile: trace of steps {self._range[0]}-{self._last_traced} written to {self._log_dir} "
-                    f"(tensorboard --logdir {os.path.dirname(self._log_dir)})")
+                    f"(tensorboard --logdir {self._log_dir.rsplit('/', 1)[0]})")
         self._range = None
+
+
+def _upload(local_dir: str, destination: str) -> None:
+    """Copies a finished trace directory to object storage, then removes the local copy."""
+    for root, _, files in os.walk(local_dir):
+        relative = os.path.relpath(root, local_dir)
+        target = destination if relative == "." else storage.join(destination, *relative.split(os.sep))
+        storage.makedirs(target)
+        for name in files:
+            storage.copy(os.path.join(root, name), storage.join(target, name))
+    shutil.rmtree(local_dir, ignore_errors=True)

@@ -280,6 +280,15 @@ def test_epoch_seeds_are_independent_of_neighbouring_seeds():
     assert all(0 <= s < 2**31 for s in seeds)
 
 
+def test_each_data_shard_has_its_own_seed_and_shard_0_keeps_the_single_process_one():
+    """Every process's shard draws its own shuffle and preprocessor randomness; a single-process
+    run (shard 0) reads what it read before shards had seeds."""
+    seeds = {input_pipeline.epoch_seed(s, e, i) for s in range(5) for e in range(5) for i in range(8)}
+    assert len(seeds) == 200
+    legacy = int(np.random.SeedSequence([3, 1]).generate_state(1, np.uint32)[0] >> 1)
+    assert input_pipeline.epoch_seed(3, 1, 0) == input_pipeline.epoch_seed(3, 1) == legacy
+
+
 # ----------------------------------------------------------------- periods and data shards
 
 

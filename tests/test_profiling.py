@@ -3,6 +3,8 @@ trace is checked in tests/test_cli_run.py.)"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from t5x_lite import profiling
@@ -53,3 +55,26 @@ def test_a_run_resumed_past_the_range_says_so_and_traces_nothing(tmp_path, monke
     profiler.stop()
     assert events == [3, 4, 5]
     assert messages == ["profile: steps 2-3 not traced: the run resumed at step 3; choose later steps."]
+
+
+def test_a_trace_for_an_object_store_model_dir_is_copied_there(s3_server, tmp_path, monkeypatch):
+    from t5x_lite import storage
+    from tests.conftest import S3_BUCKET
+
+    def start_trace(log_dir):  # what jax.profiler writes, in TensorBoard's layout
+        os.makedirs(os.path.join(log_dir, "plugins", "profile", "run1"))
+        with open(os.path.join(log_dir, "plugins", "profile", "run1", "host.xplane.pb"), "wb") as f:
+            f.write(b"trace")
+        started.append(log_dir)
+
+    started, messages = [], []
+    monkeypatch.setattr(profiling.jax.profiler, "start_trace", start_trace)
+    monkeypatch.setattr(profiling.jax.profiler, "stop_trace", lambda: None)
+    destination = f"s3://{S3_BUCKET}/run/profile/process_0"
+    profiler = profiling.StepProfiler((0, 1), log_dir=destination, first_step=0, print_fn=messages.append)
+    with profiler.step(0, outputs=lambda: None):
+        pass
+    with storage.open(f"{destination}/plugins/profile/run1/host.xplane.pb") as f:
+        assert f.read() == b"trace"
+    assert not os.path.exists(started[0]), "the local copy is removed"
+    assert messages[0].startswith(f"profile: trace of steps 0-0 written to {destination}")
