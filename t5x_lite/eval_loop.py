@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from t5x_lite import checkpoint, evaluation, metrics, predict, restored_model, storage
+from t5x_lite import checkpoint, distributed, evaluation, metrics, predict, restored_model, storage
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.models import ModelConfig
 
@@ -141,21 +141,24 @@ def evaluate(
     model_dir, _ = checkpoint.locate(model_dir)  # fails clearly when there is no checkpoint at all
     evaluators = _Evaluators(perplexity=perplexity, multiple_choice=multiple_choice, seqio_evals=seqio_evals,
                              output_dir=output_dir)
+    # With several processes each evaluates on its own first device; process 0 writes the results.
+    chief = distributed.is_chief()
     writer = metrics.MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
-                                   enabled=not storage.is_url(output_dir))
+                                   enabled=chief and not storage.is_url(output_dir))
     evaluated: dict[int, dict[str, Any]] = {}
     try:
         for chosen in _watch(model_dir, output_dir, step=step, every_checkpoint=every_checkpoint,
                              wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
             restored = restored_model.restore(model_dir, step=chosen, expected=model)
             results = evaluators.run(restored)
-            _write_results(output_dir, chosen, results)
+            if chief:
+                _write_results(output_dir, chosen, results)
             for name, values in _scalar_groups(results):
                 writer.scalars(name, chosen, values)
             evaluated[chosen] = results
         if not evaluated:
-            print(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
-                  "(name one with evaluate.step to evaluate it again)", flush=True)
+            _say(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
+                 "(name one with evaluate.step to evaluate it again)")
     finally:
         evaluators.close()
         writer.close()
@@ -235,8 +238,9 @@ class _Evaluators:
 
 
 def _say(message: str) -> None:
-    """Results are printed even when TensorBoard is off (an output directory on object storage)."""
-    print(message, flush=True)
+    """Results are printed (by process 0) even when TensorBoard is off (output on object storage)."""
+    if distributed.is_chief():
+        print(message, flush=True)
 
 
 def _require_decoder(what: str, model: ModelConfig) -> None:
