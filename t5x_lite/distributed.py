@@ -162,14 +162,24 @@ def slurm_group(environ: Mapping[str, str]) -> ProcessGroup | None:
     so only a step's own variables count (SLURM_STEP_NUM_TASKS, set by srun).
     """
     tasks = environ.get("SLURM_STEP_NUM_TASKS")
-    if not tasks or int(tasks) < 2 or "SLURM_PROCID" not in environ:
+    if not tasks or "SLURM_PROCID" not in environ:
         return None
-    num_processes, process_id = int(tasks), int(environ["SLURM_PROCID"])
+    num_processes, process_id = _slurm_int(environ, "SLURM_STEP_NUM_TASKS"), _slurm_int(environ, "SLURM_PROCID")
+    if num_processes < 2:
+        return None
     check_process_id(process_id, num_processes)
     host = first_slurm_host(environ["SLURM_STEP_NODELIST"])
-    port = environ.get("JAX_COORDINATOR_PORT") or str(int(environ["SLURM_JOB_ID"]) % 2**12 + _SLURM_PORT_BASE)
+    port = environ.get("JAX_COORDINATOR_PORT") or str(_slurm_int(environ, "SLURM_JOB_ID") % 2**12 + _SLURM_PORT_BASE)
     return ProcessGroup(source="slurm", coordinator_address=f"{host}:{port}", num_processes=num_processes,
                         process_id=process_id, local_device_ids=_slurm_local_devices(environ))
+
+
+def _slurm_int(environ: Mapping[str, str], name: str) -> int:
+    try:
+        return int(environ[name])
+    except (KeyError, ValueError):
+        raise DistributedConfigError(f"{name}={environ.get(name)!r} is not a number; this is not a usable SLURM "
+                                     "job step (run with --distributed=off to run alone).") from None
 
 
 def first_slurm_host(node_list: str) -> str:
@@ -188,6 +198,9 @@ def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
         if not match:
             raise DistributedConfigError(f"Cannot read SLURM's tasks per node {tasks_per_node!r}.")
         counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if not 0 <= node_index < len(counts):
+        raise DistributedConfigError(f"SLURM_NODEID={node_index} is not a node of SLURM's tasks per node "
+                                     f"{tasks_per_node!r}.")
     return counts[node_index]
 
 
@@ -198,9 +211,9 @@ def _slurm_local_devices(environ: Mapping[str, str]) -> tuple[int, ...] | None:
     per_node = environ.get("SLURM_STEP_TASKS_PER_NODE")
     if len(visible) == 1 or not per_node:
         return None
-    if tasks_on_node(per_node, int(environ.get("SLURM_NODEID", "0"))) < 2:
+    if tasks_on_node(per_node, _slurm_int({"SLURM_NODEID": "0", **environ}, "SLURM_NODEID")) < 2:
         return None
-    return (int(environ["SLURM_LOCALID"]),)
+    return (_slurm_int(environ, "SLURM_LOCALID"),)
 
 
 # -- Cloud TPU -----------------------------------------------------------------------------------

@@ -99,15 +99,24 @@ def check_job(job: SlurmJob) -> None:
         raise ConfigValueError(f"--nodes={job.nodes}: a job needs at least one node.")
     if job.gpus_per_node < 0:
         raise ConfigValueError(f"--gpus_per_node={job.gpus_per_node} must be 0 (CPU) or more.")
+    if job.tasks_per_node is not None and job.tasks_per_node < 1:
+        raise ConfigValueError(f"--tasks_per_node={job.tasks_per_node} must be at least 1.")
+    if job.cpus_per_task is not None and job.cpus_per_task < 1:
+        raise ConfigValueError(f"--cpus_per_task={job.cpus_per_task} must be at least 1.")
     tasks = job.processes_per_node
-    if tasks < 1:
-        raise ConfigValueError(f"--tasks_per_node={tasks} must be at least 1.")
     if job.gpus_per_node and tasks not in (1, job.gpus_per_node):
         raise ConfigValueError(
             f"--tasks_per_node={tasks} with --gpus_per_node={job.gpus_per_node}: use {job.gpus_per_node} "
             "(one process per GPU) or 1 (one process per node driving all its GPUs).")
-    if not re.fullmatch(r"(\d+-)?\d{1,2}(:\d{2}){0,2}", job.time):
-        raise ConfigValueError(f"--time={job.time!r}: use SLURM's format, e.g. 04:00:00 or 2-00:00:00.")
+    if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", job.time):
+        raise ConfigValueError(f"--time={job.time!r}: use SLURM's format, e.g. 04:00:00, 90 (minutes) or 2-00:00:00.")
+    for name in ("job_name", "output", "partition", "account"):
+        value = getattr(job, name)
+        if value is not None and (not value or re.search(r"\s", value)):
+            raise ConfigValueError(f"--{name}={value!r}: an #SBATCH value cannot be empty or contain spaces or newlines.")
+    for flag in job.sbatch:
+        if not flag.startswith("-") or "\n" in flag:
+            raise ConfigValueError(f"--sbatch={flag!r}: give one sbatch option, e.g. --sbatch=--qos=high.")
     if job.signal_seconds < 1:
         raise ConfigValueError(f"--signal_seconds={job.signal_seconds} must be positive.")
 
@@ -134,13 +143,23 @@ def _nodes_that_fit(batch: int, job: SlurmJob) -> int:
 
 
 def render(template: str, values: Mapping[str, str]) -> str:
-    """Fills every {{name}} of `template`; an unknown or unfilled name is an error."""
+    """Fills every {{name}} of `template`; an unknown or unfilled name is an error.
+
+    A line that is only a placeholder, or an #SBATCH line, whose value is empty is left out
+    (no blank line, no `#SBATCH --cpus-per-task=` without a value).
+    """
     names = set(re.findall(r"\{\{(\w+)\}\}", template))
     missing = names - set(values)
     if missing:
         raise ConfigValueError(f"The sbatch template has placeholders the launcher does not fill: {sorted(missing)}.")
-    text = re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], template)
-    return re.sub(r"\n{3,}", "\n\n", text)
+    lines = []
+    for line in template.splitlines(keepends=True):
+        used = re.findall(r"\{\{(\w+)\}\}", line)
+        optional = line.startswith("#SBATCH") or (len(used) == 1 and line.strip() == f"{{{{{used[0]}}}}}")
+        if used and optional and not all(values[name] for name in used):
+            continue
+        lines.append(re.sub(r"\{\{(\w+)\}\}", lambda m: values[m.group(1)], line))
+    return "".join(lines)
 
 
 def script_values(job: SlurmJob, *, train_args: Sequence[str], workdir: str) -> dict[str, str]:
@@ -170,9 +189,7 @@ def script_values(job: SlurmJob, *, train_args: Sequence[str], workdir: str) -> 
 
 
 def render_script(job: SlurmJob, *, train_args: Sequence[str], workdir: str, template: str) -> str:
-    text = render(template, script_values(job, train_args=train_args, workdir=workdir))
-    # An unset --cpus_per_task leaves SLURM's default rather than an empty directive.
-    return re.sub(r"^#SBATCH --cpus-per-task=\n", "", text, flags=re.M)
+    return render(template, script_values(job, train_args=train_args, workdir=workdir))
 
 
 def parse_flags(args: Sequence[str]) -> tuple[SlurmJob, dict[str, str | bool]]:
