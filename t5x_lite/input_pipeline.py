@@ -26,6 +26,7 @@ import concurrent.futures
 import contextlib
 import math
 import re
+import threading
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -141,16 +142,28 @@ def epoch_dataset(config: DataConfig, *, epoch: int, host_batch_size: int, shard
     return rows.batch(host_batch_size, drop_remainder=False).prefetch(tf.data.AUTOTUNE)
 
 
+class CountCancelled(Exception):
+    """A background count was stopped because its iterator was closed."""
+
+
 def count_batches(config: DataConfig, *, epoch: int, host_batch_size: int, shard_index: int,
-                  num_shards: int) -> tuple[int, dict[str, int]]:
-    """(batches in this shard's epoch, the epoch's PipelineStats counts), by one pass."""
+                  num_shards: int, cancel: threading.Event | None = None) -> tuple[int, dict[str, int]]:
+    """(batches in this shard's epoch, the epoch's PipelineStats counts), by one pass.
+
+    Setting `cancel` stops the pass within one block of rows (CountCancelled): a run that ends
+    mid-epoch must not wait for the next epoch's count before its process can exit.
+    """
     tf = import_tensorflow()
     stats = PipelineStats(list(config.task_feature_lengths()))
     rows = epoch_rows(config, epoch=epoch, shard_index=shard_index, num_shards=num_shards, stats=stats)
-    # Counted in large batches: a reduce step per row costs more than building the rows.
+    # Counted in blocks of rows: a step per row costs more than building the rows.
+    block_sizes = rows.batch(1024).map(lambda b: tf.shape(next(iter(b.values())), out_type=tf.int64)[0])
+    num_rows = 0
     with _reading(config):
-        num_rows = int(rows.batch(1024).reduce(np.int64(0), lambda n, b: n + tf.shape(
-            next(iter(b.values())), out_type=tf.int64)[0]).numpy())
+        for size in block_sizes.as_numpy_iterator():
+            if cancel is not None and cancel.is_set():
+                raise CountCancelled()
+            num_rows += int(size)
     return math.ceil(num_rows / host_batch_size), stats.as_dict()
 
 
@@ -199,6 +212,7 @@ class BatchIterator:
         self._agreed_steps: dict[int, int] = {}  # epoch -> agreed length, once known (planned mode)
         self._counting: dict[int, concurrent.futures.Future] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = threading.Event()  # stops a count in progress
         self._it: Iterator[dict[str, np.ndarray]] | None = None
         self._stats: PipelineStats | None = None
         self._pending: dict[str, np.ndarray] | None = None
@@ -208,7 +222,7 @@ class BatchIterator:
 
     def _count(self, epoch: int) -> tuple[int, dict[str, int]]:
         return count_batches(self.config, epoch=epoch, host_batch_size=self.host_batch_size,
-                             shard_index=self.shard_index, num_shards=self.num_shards)
+                             shard_index=self.shard_index, num_shards=self.num_shards, cancel=self._closed)
 
     def _count_ahead(self, epoch: int) -> None:
         if self.num_epochs is not None and epoch >= self.num_epochs:
@@ -321,7 +335,8 @@ class BatchIterator:
         self.end_of_epoch, self._it, self._stats, self._pending = False, None, None, None
 
     def close(self) -> None:
-        """Stops counting ahead (a pending count finishes in the background)."""
+        """Stops counting ahead: a count in progress ends within one block of rows."""
+        self._closed.set()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None

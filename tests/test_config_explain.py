@@ -140,7 +140,7 @@ def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
 def test_undefined_macro_names_file_line_and_nearest_macro(in_tmp):
     write(in_tmp / "typo.gin", "include 'runs/quickstart.gin'", "train.train_steps = %TRAIN_STEP")
     with pytest.raises(config.ConfigError, match=r"%TRAIN_STEP is used but never set\n  at typo.gin:2: "
-                                                 r"train.train_steps = %TRAIN_STEP; did you mean %TRAIN_STEPS\?"):
+                                                 r"train.train_steps = %TRAIN_STEP; did you mean %TRAIN_STEPS\b"):
         config_resolve.load_run(gin_files=["typo.gin"])
 
 

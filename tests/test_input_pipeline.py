@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections import Counter
 
 import numpy as np
@@ -104,10 +105,27 @@ def test_shards_partition_the_split(task):
     assert shards[0] and shards[1]
 
 
-def test_state_of_another_shard_is_refused(task):
+def test_state_of_another_shard_count_is_refused(task):
     iterator = make_iterator(task, shard=(1, 2))
-    with pytest.raises(ValueError, match="shard 0 of 1"):
+    with pytest.raises(ValueError, match="for 1 data shard.*this run reads 2"):
         iterator.set_state(make_iterator(task).get_state())
+
+
+def test_process_0_state_restores_every_shard_of_the_same_count(task):
+    """A checkpoint keeps process 0's state: shard 1 restored from it continues its own stream."""
+    agree = lambda epoch, local_steps: 7  # what the processes would agree on (the largest count)
+    shards = {i: input_pipeline.BatchIterator(
+        data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
+        host_batch_size=BATCH // 2, shard_index=i, num_shards=2, plan_epochs=True, agree_on_steps=agree)
+        for i in (0, 1)}
+    full = [next(shards[1]) for _ in range(5)]
+    for _ in range(2):
+        next(shards[0])
+    resumed = input_pipeline.BatchIterator(
+        data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
+        host_batch_size=BATCH // 2, shard_index=1, num_shards=2, plan_epochs=True, agree_on_steps=agree)
+    resumed.set_state(shards[0].get_state())
+    assert_same_batches(full[2:], [next(resumed) for _ in range(3)])
 
 
 def test_unknown_task_lists_known_ones():
@@ -371,3 +389,31 @@ def test_each_epoch_is_counted_once(id_task, monkeypatch):
     steps = iterator.steps_in_epoch(0)
     assert len(split_epochs(iterator)[0]) == steps
     assert calls == Counter({0: 1, 1: 1})
+
+
+def test_closing_the_iterator_stops_a_count_in_progress(id_task, monkeypatch):
+    """A run that ends mid-epoch exits without waiting for the next epoch's count: close() stops
+    the background count at its next block of rows."""
+    count = input_pipeline.count_batches
+    started, stopped = threading.Event(), []
+
+    def slow_count(config, *, cancel, **kwargs):
+        started.set()
+        assert cancel.wait(timeout=30), "close() never asked the count to stop"
+        try:
+            return count(config, cancel=cancel, **kwargs)
+        except input_pipeline.CountCancelled:
+            stopped.append(True)
+            raise
+
+    iterator = input_pipeline.BatchIterator(id_config(id_task), num_epochs=2, host_batch_size=ID_BATCH,
+                                            plan_epochs=True)
+    iterator.steps_in_epoch(0)
+    monkeypatch.setattr(input_pipeline, "count_batches", slow_count)
+    next(iterator)  # starts counting epoch 1 in the background
+    assert started.wait(timeout=30)
+    future = iterator._counting[1]
+    iterator.close()
+    with pytest.raises(input_pipeline.CountCancelled):
+        future.result(timeout=30)
+    assert stopped == [True]

@@ -59,11 +59,11 @@ def job_output(model_dir: Path, job: int) -> str:
     return (model_dir.parent / f"{model_dir.name}-{job}.out").read_text()
 
 
-def test_two_process_job_trains_checkpoints_and_resumes_exactly(cluster, data_dir, tmp_path):
+def test_two_process_job_trains_checkpoints_and_resumes_exactly(cluster, small_data_dir, tmp_path):
     """A straight job, and a job stopped by `scancel --signal=TERM` then submitted again, end
     with the same parameters bit for bit; both processes joined, and the loss fell."""
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    job = submitted_job(launch(cluster, data_dir, straight))
+    job = submitted_job(launch(cluster, small_data_dir, straight))
     result = cluster.wait(job, timeout=300)
     out = job_output(straight, job)
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-3000:]
@@ -73,7 +73,7 @@ def test_two_process_job_trains_checkpoints_and_resumes_exactly(cluster, data_di
     assert out.count(f"step {STEPS}: loss=") == 1, "only process 0 writes the log"
 
     # Stopped by SIGTERM to both tasks after step 3's report: every process stops at one step and saves it.
-    job = submitted_job(launch(cluster, data_dir, interrupted))
+    job = submitted_job(launch(cluster, small_data_dir, interrupted))
     output = interrupted.parent / f"{interrupted.name}-{job}.out"
     deadline = time.monotonic() + 240
     while not (output.exists() and "step 3: loss=" in output.read_text()):
@@ -86,7 +86,7 @@ def test_two_process_job_trains_checkpoints_and_resumes_exactly(cluster, data_di
     stopped_at = int(re.search(r"saved a checkpoint at step (\d+) and stopped", out).group(1))
     assert 3 <= stopped_at < STEPS, out[-3000:]
 
-    job = submitted_job(launch(cluster, data_dir, interrupted))
+    job = submitted_job(launch(cluster, small_data_dir, interrupted))
     result = cluster.wait(job, timeout=300)
     out = job_output(interrupted, job)
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-3000:]
