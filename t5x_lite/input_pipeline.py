@@ -255,6 +255,11 @@ class BatchIterator:
         self._element_spec = dataset.element_spec
         self._it = dataset.skip(self.batches_in_epoch).as_numpy_iterator()
 
+    def prepare(self) -> None:
+        """Builds the current epoch's pipeline now (its errors surface here), to be read next."""
+        if self._it is None and (self.num_epochs is None or self.epoch < self.num_epochs):
+            self._open()
+
     def _fetch(self) -> dict[str, np.ndarray] | None:
         if self._it is None:
             self._open()

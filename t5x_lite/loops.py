@@ -5,6 +5,7 @@ Everything the run needs arrives as keyword arguments, bound by gin (see gin/run
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -143,11 +144,12 @@ def evaluate(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataCon
     return {"loss": loss, "perplexity": metrics.perplexity(loss), "tokens": totals["weight_sum"]}
 
 
-def _check_pipeline_builds(cfg: data_lib.DataConfig, *, shard_index: int, num_shards: int) -> None:
-    """Builds epoch 0's input pipeline (reading nothing) so that a preprocessor's complaint about
-    the lengths or the data stops the run before anything is written."""
+@contextlib.contextmanager
+def _pipeline_errors(cfg: data_lib.DataConfig):
+    """Turns a preprocessor's complaint about the lengths or the data, raised while a split's
+    pipeline is built, into a RunConfigError (the run stops before anything is written)."""
     try:
-        input_pipeline.epoch_rows(cfg, epoch=0, shard_index=shard_index, num_shards=num_shards)
+        yield
     except (input_pipeline.MissingSplitError, TaskDataError) as e:
         raise RunConfigError(str(e)) from None
     except ValueError as e:
@@ -265,14 +267,19 @@ def train(
 
     shard, num_shards, host_batch = partitioning.process_data_shard(
         partitioning.batch_sharding(mesh, logical_axis_rules), train_data.batch_size)
-    for cfg in filter(None, (train_data, eval_data)):
-        _check_pipeline_builds(cfg, shard_index=shard, num_shards=num_shards)
     # Epochs are planned (counted up front, equal on every data shard) whenever their
     # boundaries matter: an epoch limit, epoch periods, or several shards that must stop together.
     plan_epochs = bool(num_epochs) or eval_every.in_epochs or checkpoint_every.in_epochs or num_shards > 1
     iterator = input_pipeline.BatchIterator(train_data, num_epochs=num_epochs, host_batch_size=host_batch,
                                             shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
-    steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
+    # The pipelines are built now, so that a bad length or split stops the run before anything
+    # is written; the train iterator keeps the one it built for reading.
+    with _pipeline_errors(train_data):
+        steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
+        iterator.prepare()
+    if eval_data is not None:
+        with _pipeline_errors(eval_data):
+            input_pipeline.epoch_rows(eval_data, epoch=0, shard_index=shard, num_shards=num_shards)
     total_steps = min(s for s in (train_steps, num_epochs and steps_per_epoch * num_epochs) if s)
     trainer = trainer_lib.Trainer.for_run(model=model, optimizer=optimizer, total_steps=total_steps, mesh=mesh,
                                           rules=logical_axis_rules, loss=loss, microbatches=microbatches)

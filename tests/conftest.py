@@ -41,6 +41,19 @@ def small_data_dir(tmp_path_factory):
     return prepare_stdlib_subset(tmp_path_factory.mktemp("data") / "small", ["json"])
 
 
+@pytest.fixture(scope="session")
+def trained_run(data_dir, tmp_path_factory):
+    """(model directory, losses) of a tiny run trained for 8 steps: a run to start others from
+    or to point at. Read it only (copy it to change it)."""
+    from tests.cli_helpers import losses, train
+
+    model_dir = tmp_path_factory.mktemp("trained") / "run"
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=8", "--gin.train.log_period=1",
+                   "--gin.OptimizerConfig.warmup_steps=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return model_dir, losses(result.stdout)
+
+
 S3_BUCKET = "t5x-lite-test"
 
 

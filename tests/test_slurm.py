@@ -22,10 +22,10 @@ from tests.test_cli_run import assert_trees_equal, final_params
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 40
+STEPS = 24
 RUN = ["--gin_file=runs/quickstart.gin", *TINY_MODEL, f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.log_period=1",
-       "--gin.train.checkpoint_period=10", "--gin.OptimizerConfig.warmup_steps=2",
-       "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_batches=1"]
+       "--gin.train.checkpoint_period=8", "--gin.OptimizerConfig.warmup_steps=2",
+       "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_data=None"]
 EXIT_PREEMPTED = 75
 
 
