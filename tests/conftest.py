@@ -1,5 +1,6 @@
 """Test set-up: 8 host-platform CPU devices, set before JAX is imported anywhere."""
 
+import fcntl
 import os
 import shutil
 import socket
@@ -25,33 +26,71 @@ if str(ROOT) not in sys.path:
 import pytest  # noqa: E402 (after the environment is set)
 
 
+def _built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(directory)` run once per test run: the pytest-xdist workers share the directory
+    (the first to take the lock builds it, the others wait; read it only)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the run's directory, above each worker's own
+    target = base / "built_once" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        complete = target.parent / f"{name}.complete"
+        if not complete.exists():
+            shutil.rmtree(target, ignore_errors=True)
+            build(target)
+            complete.touch()
+    return target
+
+
+def _prepared_once(tmp_path_factory, name: str, packages: list[str]) -> Path:
+    from tests.cli_helpers import prepare_stdlib_subset
+
+    return _built_once(tmp_path_factory, name, lambda target: prepare_stdlib_subset(target, packages))
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """The stdlib's json and urllib packages prepared with a 512-piece vocabulary."""
-    from tests.cli_helpers import prepare_stdlib_subset
-
-    return prepare_stdlib_subset(tmp_path_factory.mktemp("data") / "tiny", ["json", "urllib"])
+    return _prepared_once(tmp_path_factory, "tiny", ["json", "urllib"])
 
 
 @pytest.fixture(scope="session")
 def small_data_dir(tmp_path_factory):
     """Only the stdlib's json package: small enough for whole epochs in a test."""
-    from tests.cli_helpers import prepare_stdlib_subset
-
-    return prepare_stdlib_subset(tmp_path_factory.mktemp("data") / "small", ["json"])
+    return _prepared_once(tmp_path_factory, "small", ["json"])
 
 
 @pytest.fixture(scope="session")
 def trained_run(data_dir, tmp_path_factory):
-    """(model directory, losses) of a tiny run trained for 8 steps: a run to start others from
-    or to point at. Read it only (copy it to change it)."""
-    from tests.cli_helpers import losses, train
+    """(model directory, stdout) of the CLI's main tiny run, trained once per test run: 40 steps
+    with evaluations at 20 and 40, multiple choice, samples and a profile of steps 5-7.
+    tests/test_cli_run.py checks what it printed and wrote; other tests start from it or point
+    at it (read it only: copy it to change it)."""
+    import json
 
-    model_dir = tmp_path_factory.mktemp("trained") / "run"
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=8", "--gin.train.log_period=1",
-                   "--gin.OptimizerConfig.warmup_steps=1")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return model_dir, losses(result.stdout)
+    from tests.cli_helpers import train
+
+    def build(target: Path) -> None:
+        target.mkdir(parents=True)
+        choices = target / "choices.jsonl"
+        choices.write_text("".join(json.dumps({"context": f"def f{i}(x):", "label": i % 3,
+                                               "endings": ["return x", "pass", "import os"]}) + "\n"
+                                   for i in range(6)))
+        result = train(data_dir, target / "run", "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5",
+                       "--gin.train.checkpoint_period=10", "--gin.RetentionPolicy.keep_last=2",
+                       "--gin.train.eval_period=20", "--gin.train.multiple_choice=[@MultipleChoiceEval()]",
+                       f"--gin.MultipleChoiceEval.path='{choices}'",
+                       "--gin.train.sample_prompt=['def ', 'class ']", "--gin.train.sample_max_new_tokens=8",
+                       "--gin.PROFILE_STEPS=(5, 8)")
+        (target / "stdout.txt").write_text(result.stdout)
+        (target / "result.txt").write_text(f"{result.returncode}\n{result.stderr[-3000:]}")
+
+    target = _built_once(tmp_path_factory, "trained_run", build)
+    code, _, stderr = (target / "result.txt").read_text().partition("\n")
+    assert code == "0", stderr
+    return target / "run", (target / "stdout.txt").read_text()
 
 
 S3_BUCKET = "t5x-lite-test"

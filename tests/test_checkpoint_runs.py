@@ -75,7 +75,8 @@ def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
 
 
 def test_init_from_starts_a_fine_tune_and_resuming_says_it_is_not_used(data_dir, trained_run, tmp_path):
-    source, source_losses = trained_run
+    source, source_stdout = trained_run
+    source_losses = losses(source_stdout)
     args = ["--gin.train.init_from=@InitFrom()", f"--gin.InitFrom.checkpoint='{source}'",
             "--gin.OptimizerConfig.peak_learning_rate=1e-3", "--gin.train.log_period=1"]
     first = train(data_dir, tmp_path / "tune", "--gin.TRAIN_STEPS=2", *args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import types
 from pathlib import Path
 
 import numpy as np
@@ -29,42 +30,36 @@ def assert_trees_equal(a, b) -> None:
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_train_loss_falls_and_sample(data_dir, tmp_path):
-    choices = tmp_path / "choices.jsonl"
-    choices.write_text("".join(json.dumps({"context": f"def f{i}(x):", "endings": ["return x", "pass", "import os"],
-                                           "label": i % 3}) + "\n" for i in range(6)))
-    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5",
-                   "--gin.train.checkpoint_period=10", "--gin.RetentionPolicy.keep_last=2",
-                   "--gin.train.eval_period=20", "--gin.train.multiple_choice=[@MultipleChoiceEval()]",
-                   f"--gin.MultipleChoiceEval.path='{choices}'",
-                   "--gin.train.sample_prompt=['def ', 'class ']", "--gin.train.sample_max_new_tokens=8",
-                   "--gin.PROFILE_STEPS=(5, 8)")
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_train_loss_falls_and_sample(trained_run):
+    """The main run (tests/conftest.py): 40 steps, evaluations at 20 and 40 with multiple choice
+    and samples, a profile of steps 5-7; then `t5x-lite sample` from its directory."""
+    run, stdout = trained_run
+    result = types.SimpleNamespace(stdout=stdout)
     seen = losses(result.stdout)
     assert len(seen) == 8
     assert seen[-1] < seen[0] - 0.5, seen
     assert "validation loss" in result.stdout and "perplexity" in result.stdout
     assert "initial loss" in result.stdout
-    assert (tmp_path / "run" / "config.gin").read_text().count("DecoderConfig.emb_dim = 64") == 1
-    checkpoints = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    assert (run / "config.gin").read_text().count("DecoderConfig.emb_dim = 64") == 1
+    checkpoints = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
     assert checkpoints == [30, 40]  # the last keep_last=2 of 10, 20, 30, 40
-    assert list((tmp_path / "run" / "tb" / "train").glob("events.out.tfevents.*"))
-    assert list((tmp_path / "run" / "tb" / "eval").glob("events.out.tfevents.*"))
+    assert list((run / "tb" / "train").glob("events.out.tfevents.*"))
+    assert list((run / "tb" / "eval").glob("events.out.tfevents.*"))
     for step in (20, 40):  # at each evaluation: validation loss, multiple choice, samples
         assert f"step {step}: validation loss" in result.stdout
         assert re.search(rf"step {step}: hellaswag acc [01]\.\d+, acc_norm [01]\.\d+ \(6 examples\)", result.stdout)
         assert f"step {step} samples:\n--- 'def '\ndef " in result.stdout
         assert "--- 'class '\nclass " in result.stdout
-    assert list((tmp_path / "run" / "tb" / "hellaswag").glob("events.out.tfevents.*"))
+    assert list((run / "tb" / "hellaswag").glob("events.out.tfevents.*"))
     # The profile: TensorBoard's layout, the steps 5 to 7 annotated, and the jitted train step in them.
-    assert f"profile: trace of steps 5-7 written to {tmp_path / 'run' / 'profile' / 'process_0'}" in result.stdout
-    traces = list((tmp_path / "run" / "profile" / "process_0" / "plugins" / "profile").glob("*/*.trace.json.gz"))
+    assert f"profile: trace of steps 5-7 written to {run / 'profile' / 'process_0'}" in result.stdout
+    traces = list((run / "profile" / "process_0" / "plugins" / "profile").glob("*/*.trace.json.gz"))
     assert len(traces) == 1 and traces[0].with_name(traces[0].name.replace(".trace.json.gz", ".xplane.pb")).exists()
     events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
     assert sorted(int(e["args"]["step_num"]) for e in events if e.get("name") == "train") == [5, 6, 7]
     assert any(e.get("name") == "PjitFunction(_train_step_fn)" for e in events)
 
-    sampled = run_cli("sample", f"--model_dir={tmp_path / 'run'}", "--prompt=import ", "--max_new_tokens=8")
+    sampled = run_cli("sample", f"--model_dir={run}", "--prompt=import ", "--max_new_tokens=8")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout.startswith("[step 40]\nimport ")
 
