@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +40,9 @@ def checkpoint_json(model_dir: Path, step: int, item: str) -> dict:
     return json.loads((model_dir / "checkpoints" / str(step) / item / "metadata").read_text())
 
 
-def test_t5_span_corruption_trains_and_resumes(small_data_dir, tmp_path):
+def test_t5_span_corruption_trains(small_data_dir, tmp_path):
+    """A tiny T5 learns span corruption through the CLI and saves its checkpoint. (Resuming is
+    family-independent code, tested on decoders in test_checkpoint_runs.py and test_slurm.py.)"""
     model_dir = tmp_path / "t5"
     first = train_t5(small_data_dir, model_dir, "--gin.TRAIN_STEPS=40", "--gin.train.log_period=5")
     assert first.returncode == 0, first.stderr[-3000:]
@@ -60,18 +61,6 @@ def test_t5_span_corruption_trains_and_resumes(small_data_dir, tmp_path):
     assert checkpoint_json(model_dir, 40, "data_iterator")["batches_in_epoch"] == 40
     assert (model_dir / "vocab" / "spm.model").is_file()
     assert "T5Config.emb_dim = 64" in (model_dir / "config.gin").read_text()
-
-    second = train_t5(small_data_dir, model_dir, "--gin.TRAIN_STEPS=50", "--gin.train.log_period=5")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert "Resuming from the checkpoint at step 40" in second.stdout
-    assert "initial loss" not in second.stdout  # no step-0 check on a resumed run
-    resumed = losses(second.stdout)
-    assert [int(s) for s in re.findall(r"step (\d+): loss=", second.stdout)] == [45, 50]
-    # The restored parameters are the trained ones, not a fresh initialisation.
-    assert max(resumed) < seen[0] - 1.0, (seen, resumed)
-    assert checkpoint_steps(model_dir) == [40, 50]
-    # The data iterator went on from where the first run stopped.
-    assert checkpoint_json(model_dir, 50, "data_iterator")["batches_in_epoch"] == 50
 
 
 @pytest.fixture(scope="module")
