@@ -27,7 +27,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from t5x_lite import storage
+from t5x_lite import distributed, storage
 from t5x_lite.retention import RetentionPolicy, steps_to_keep
 # One name for the checkpoints' folder, shared with the s3 mirror's layout.
 from t5x_lite.s3_mirror import CHECKPOINTS as CHECKPOINTS_SUBDIR, S3Mirror
@@ -286,7 +286,7 @@ class Checkpointer:
             self._remote_steps = [s for s in self._remote_steps if s != step]
             if os.path.isdir(self._mirror.local_step_dir(step)):
                 self._manager.delete(step)
-        if jax.process_index() == 0:
+        if distributed.is_chief():
             storage.rename(storage.join(checkpoints_dir(self.model_dir), str(step)), destination)
             if self._mirror:
                 self._mirror.forget(step)

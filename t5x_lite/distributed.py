@@ -295,9 +295,7 @@ def setup(flags: DistributedFlags) -> ProcessGroup | None:
     if group is None:
         return None
     initialize(group, timeout_seconds=flags.timeout_seconds)
-    import jax
-
-    if jax.process_index() != 0:
+    if not is_chief():
         import absl.logging
 
         absl.logging.set_verbosity(absl.logging.WARNING)

@@ -135,7 +135,7 @@ class TaskSource:
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """The values of the `train` configurable that the estimate needs."""
+    """The values of the `train` configurable that the estimate (and `launch slurm`) need."""
 
     model: Any
     train_data: Any
@@ -148,6 +148,8 @@ class RunSettings:
     optimizer: Any
     loss: Any
     peak_flops_per_device: float | None = None
+    model_dir: Any = None  # REQUIRED when unbound
+    eval_data: Any = None
 
 
 def _task_source(value: Any) -> TaskSource:
@@ -195,7 +197,8 @@ def run_settings(resolved: Any) -> RunSettings:
                        mesh_axes=values["mesh_axes"], logical_axis_rules=values["logical_axis_rules"],
                        microbatches=values["microbatches"], train_steps=values["train_steps"],
                        num_epochs=values["num_epochs"], optimizer=values["optimizer"], loss=values["loss"],
-                       peak_flops_per_device=values["peak_flops_per_device"])
+                       peak_flops_per_device=values["peak_flops_per_device"], model_dir=values["model_dir"],
+                       eval_data=values["eval_data"])
 
 
 # --------------------------------------------------------------------------------- data

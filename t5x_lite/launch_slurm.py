@@ -232,18 +232,6 @@ def parse_flags(args: Sequence[str]) -> tuple[SlurmJob, dict[str, str | bool]]:
     return job, own
 
 
-def _train_value(resolved, name: str):
-    """A parameter of `train` as the run would get it (None when unbound); task factories are
-    not called (they import TensorFlow and read the data directory)."""
-    from t5x_lite import estimate
-
-    _, params = resolved.calls[0]
-    for p in params:
-        if p.name == name:
-            return resolved.build(p.setting.binding.value, defer=estimate.TASK_FACTORIES) if p.setting else None
-    return None
-
-
 def main(argv: Sequence[str]) -> int:
     from t5x_lite import config, config_resolve, errors, estimate, storage
 
@@ -259,12 +247,11 @@ def main(argv: Sequence[str]) -> int:
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                            entry="train", check_macros=True)
         settings = estimate.run_settings(resolved)
-        eval_data = _train_value(resolved, "eval_data")
-        model_dir = _train_value(resolved, "model_dir")
-        if not model_dir:
+        model_dir = settings.model_dir
+        if model_dir in (None, config_resolve.REQUIRED):
             raise ConfigValueError("The run has no MODEL_DIR; set --gin.MODEL_DIR=\"'/shared/runs/NAME'\" (a path "
                                    "every node can reach).")
-        check_run_fits(settings, job, getattr(eval_data, "batch_size", None))
+        check_run_fits(settings, job, getattr(settings.eval_data, "batch_size", None))
         template_path = Path(own.get("template") or TEMPLATE)
         if not template_path.is_file():
             raise ConfigValueError(f"--template={template_path}: no such file.")

@@ -20,8 +20,8 @@ import numpy as np
 
 from t5x_lite import checkpoint as checkpoint_lib
 from t5x_lite import data as data_lib
-from t5x_lite import (decoding, eval_loop, init_from as init_from_lib, input_pipeline, metrics, partitioning, profiling,
-                      storage)
+from t5x_lite import (decoding, distributed, eval_loop, init_from as init_from_lib, input_pipeline, metrics,
+                      partitioning, profiling, storage)
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.preemption import Preempted, PreemptionWatcher
 from t5x_lite.retention import RetentionPolicy
@@ -249,7 +249,7 @@ def train(
     if multiple_choice and (model.family != "decoder_only" or eval_data is None):
         raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
                              "a decoder-only model and train.eval_data.")
-    is_chief = jax.process_index() == 0
+    is_chief = distributed.is_chief()
 
     # Decide what to start from before anything is written to the model directory.
     existing = checkpoint_lib.Checkpointer(model_dir, create=False)
