@@ -1,5 +1,6 @@
 """Attention masks, rotary embedding, norms, relative position buckets, MLP and attention."""
 
+import functools
 import math
 
 import jax
@@ -279,9 +280,61 @@ def test_attention_is_causal_adds_the_causal_mask_to_the_segment_mask():
     assert not np.allclose(np.asarray(run_plain(params, segment_mask)), got, atol=1e-3)
 
 
-def test_attention_implementation_resolves_auto_to_xla_off_gpu():
+def test_attention_implementation_resolves_auto_to_explicit_on_cpu():
     assert jax.default_backend() == "cpu"
     for dtype in (jnp.float32, jnp.bfloat16):
-        assert layers.attention_implementation("auto", dtype, 64) == "xla"
+        assert layers.attention_implementation("auto", dtype, 64) == "explicit"
     assert layers.attention_implementation("xla", jnp.bfloat16, 64) == "xla"
     assert layers.attention_implementation("cudnn", jnp.float32, 64) == "cudnn"
+
+
+@pytest.mark.parametrize("kv_heads,with_bias,is_causal", [(4, False, True), (2, True, True), (4, True, False)])
+def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, with_bias, is_causal):
+    """Same outputs and the same gradients for q, k, v and the bias (written-out backward pass vs
+    autodiff of jax.nn.dot_product_attention), with packed segments, grouped-query heads and a bias."""
+    from t5x_lite.models import explicit_attention
+
+    rng = np.random.default_rng(0)
+    batch, length, heads, head_dim = 2, 12, 4, 8
+    q = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32) if with_bias else None
+    segments = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
+    mask = layers.make_bidirectional_mask(segments, segments)
+    weights = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+
+    def loss(attend, q, k, v, bias):
+        out = attend(q, k, v, bias=bias, mask=mask, scale=0.3, is_causal=is_causal)
+        return jnp.sum(out * weights)
+
+    xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
+    explicit = explicit_attention.dot_product_attention
+    args = (q, k, v, bias)
+    argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+    np.testing.assert_allclose(float(loss(explicit, *args)), float(loss(xla, *args)), rtol=1e-5)
+    for got, want in zip(jax.grad(loss, argnums=[a + 1 for a in argnums])(explicit, *args),
+                         jax.grad(loss, argnums=[a + 1 for a in argnums])(xla, *args)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("contract_dims", [1, 2])
+def test_projection_gradients_equal_autodiff_of_a_plain_dot(contract_dims):
+    """`project`'s written-out backward pass (kernel gradient as dot(x, g)) equals JAX's own."""
+    from t5x_lite.models.projection import project
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32)
+    kernel_shape = (4, 6) if contract_dims == 1 else (3, 4, 6)
+    kernel = jnp.asarray(rng.standard_normal(kernel_shape), jnp.float32)
+    weights = jnp.asarray(rng.standard_normal((2, 5, 3, 6) if contract_dims == 1 else (2, 5, 6)), jnp.float32)
+
+    def plain(x, kernel):
+        contracted = tuple(range(x.ndim - contract_dims, x.ndim))
+        return jax.lax.dot_general(x, kernel, ((contracted, tuple(range(contract_dims))), ((), ())))
+
+    loss = lambda f: lambda x, kernel: jnp.sum(f(x, kernel) * weights)  # noqa: E731
+    ours = lambda x, kernel: project(x, kernel, contract_dims)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(ours(x, kernel)), np.asarray(plain(x, kernel)), rtol=1e-6)
+    for got, want in zip(jax.grad(loss(ours), argnums=(0, 1))(x, kernel), jax.grad(loss(plain), argnums=(0, 1))(x, kernel)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

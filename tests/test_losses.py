@@ -117,3 +117,38 @@ def test_weight_sum_counts_fractional_weights():
     log_probs, _ = _np_log_softmax(logits)
     ce = -np.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
     np.testing.assert_allclose(float(sums["loss_sum"]), np.sum(ce * weights), rtol=1e-5)
+
+
+def _autodiff_reference(logits, targets, weights, z_loss, label_smoothing):
+    """The same objective written with log_softmax and a (smoothed) one-hot target, for JAX to differentiate."""
+    import jax
+
+    vocab = logits.shape[-1]
+    log_probs = jax.nn.log_softmax(logits)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target = jax.nn.one_hot(targets, vocab) * (1.0 - label_smoothing) + label_smoothing / vocab
+    loss = jnp.sum(jax.scipy.special.xlogy(target, target) - target * log_probs, axis=-1) + z_loss * log_z**2  # KL to the target
+    return jnp.sum(loss * weights)
+
+
+@pytest.mark.parametrize("z_loss,smoothing", [(0.0, 0.0), (1e-2, 0.0), (0.0, 0.2), (1e-3, 0.1)])
+def test_cross_entropy_gradient_equals_autodiff_of_the_reference(z_loss, smoothing):
+    """The written-out backward pass (softmax minus smoothed one-hot) equals JAX's own gradient,
+    for the loss and for a weighted mix of the loss and the z-loss output."""
+    import jax
+
+    logits, targets = _random_case(seed=6, shape=(2, 5), vocab=13)
+    weights = jnp.asarray(np.random.default_rng(7).uniform(0, 2, size=(2, 5)).astype(np.float32))
+    logits, targets = jnp.asarray(logits), jnp.asarray(targets)
+
+    def ours(x):
+        sums = losses.weighted_loss_sums(x, targets, weights, z_loss=z_loss, label_smoothing=smoothing)
+        return sums["loss_sum"] + 0.5 * sums["z_loss_sum"]
+
+    def reference(x):
+        z_part = jnp.sum(z_loss * jax.nn.logsumexp(x, axis=-1) ** 2 * weights)
+        return _autodiff_reference(x, targets, weights, z_loss, smoothing) + 0.5 * z_part
+
+    np.testing.assert_allclose(float(ours(logits)), float(reference(logits)), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(jax.grad(ours)(logits)), np.asarray(jax.grad(reference)(logits)),
+                               rtol=1e-5, atol=1e-6)

@@ -49,7 +49,8 @@ class DecoderConfig(ModelConfigBase):
       use_bias: biases in every projection (GPT-2).
       tie_embeddings: compute logits with the input embedding table (GPT-2).
       attention_implementation: 'auto' (cuDNN flash attention on GPUs in bfloat16/float16,
-        XLA otherwise), 'xla' or 'cudnn'.
+        'explicit' on CPU, XLA otherwise), 'xla', 'cudnn' or 'explicit' (the XLA math with a
+        written-out backward pass, models/explicit_attention.py).
     """
 
     vocab_size: int = 4096

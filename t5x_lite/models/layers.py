@@ -16,6 +16,9 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 from jax.ad_checkpoint import checkpoint_name
 
+from t5x_lite.models import explicit_attention
+from t5x_lite.models.projection import project
+
 Array = jax.Array
 DType = Any
 
@@ -170,7 +173,7 @@ class Embed(nn.Module):
 
     def attend(self, x: Array) -> Array:
         """x [..., embed] -> [..., vocab] scores against every row of the table."""
-        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
+        return project(x.astype(self.dtype), self.embedding.astype(self.dtype).T)
 
 
 class Dense(nn.Module):
@@ -200,12 +203,7 @@ class Dense(nn.Module):
             return flat.reshape(shape)
 
         kernel = param_with_axes("kernel", init, shape, jnp.float32, axes=self.axes)
-        contract = tuple(range(x.ndim - self.contract_dims, x.ndim))
-        y = jax.lax.dot_general(
-            x.astype(self.dtype),
-            kernel.astype(self.dtype),
-            ((contract, tuple(range(self.contract_dims))), ((), ())),
-        )
+        y = project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract_dims)
         if self.use_bias:
             bias = param_with_axes("bias", nn.initializers.zeros, tuple(self.features), jnp.float32,
                                    axes=self.axes[self.contract_dims:])
@@ -213,17 +211,20 @@ class Dense(nn.Module):
         return y
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "explicit")
 
 
 def attention_implementation(choice: str, dtype: DType, head_dim: int) -> str:
-    """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute, else XLA.
+    """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute, 'explicit'
+    (explicit_attention.py: the XLA math with a written-out backward pass) on CPU, else XLA.
 
     `jax.nn.dot_product_attention` itself defaults to XLA everywhere, so the choice is made here.
     cuDNN's kernel needs a 16-bit dtype and a head_dim that is a multiple of 8, at most 128.
     """
     if choice != "auto":
         return choice
+    if jax.default_backend() == "cpu":
+        return "explicit"
     fused_ok = (jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
                 and head_dim % 8 == 0 and head_dim <= 128)
     return "cudnn" if fused_ok else "xla"
@@ -243,9 +244,9 @@ def _cache_variable(module: nn.Module, name: str, like: Array) -> Any:
 class Attention(nn.Module):
     """Multi-head attention (self or cross) with grouped-query heads, optional RoPE and bias.
 
-    Runs through `jax.nn.dot_product_attention` with `implementation` ('xla' or 'cudnn', see
-    `attention_implementation`). The q, k and v projections are tagged with `checkpoint_name`
-    so remat policies can save them by name.
+    Runs through `jax.nn.dot_product_attention` with `implementation` ('xla' or 'cudnn'), or
+    through `explicit_attention` ('explicit'); see `attention_implementation`. The q, k and v
+    projections are tagged with `checkpoint_name` so remat policies can save them by name.
 
     Attributes:
       use_rope: rotate q and k by their positions (LLaMA); off for learned or relative positions.
@@ -253,7 +254,7 @@ class Attention(nn.Module):
         kernel's initialisation is scaled down by that factor instead.
       is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
         to keep packed segments apart).
-      implementation: passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
+      implementation: 'explicit', or passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
       kv_cache: decoding only ('none' for training). 'append' (causal self-attention): keys and
         values live in the 'cache' collection (`cached_key`, `cached_value`: [batch, cache_length,
         kv_heads, head_dim] in the compute dtype, and `cache_index`); a call with n new tokens
@@ -309,8 +310,12 @@ class Attention(nn.Module):
             _cache_variable(self, "cached_key", k).value = k
             _cache_variable(self, "cached_value", v).value = v
         scale = 1.0 if self.fold_scale_into_query else None
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-                                           implementation=self.implementation)
+        if self.implementation == "explicit":
+            out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
+                                                           is_causal=is_causal)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
+                                               implementation=self.implementation)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)

@@ -6,6 +6,9 @@ normalise per non-padding target token across microbatches and devices exactly.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -19,21 +22,58 @@ def cross_entropy_with_logits(
 
     z-loss adds `z_loss * log(Z)^2` where Z is the softmax normaliser; it keeps logits from
     drifting (PaLM). Label smoothing spreads `label_smoothing` mass uniformly over the vocab.
+    The gradient is written out (`_cross_entropy`): softmax minus the (smoothed) one-hot,
+    one elementwise pass over the logits instead of autodiff's scatter into a zero array
+    of the logits' size.
     """
-    logits = logits.astype(jnp.float32)
+    return _cross_entropy(logits.astype(jnp.float32), targets, float(z_loss), float(label_smoothing))
+
+
+def _smoothing_constant(vocab: int, label_smoothing: float) -> float:
+    """Entropy of the smoothed target: subtracted so that a perfect prediction scores 0."""
+    on = 1.0 - label_smoothing + label_smoothing / vocab
+    off = label_smoothing / vocab
+    return on * math.log(on) + (vocab - 1) * off * math.log(off)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _cross_entropy(logits: Array, targets: Array, z_loss: float, label_smoothing: float) -> tuple[Array, Array]:
+    loss, z_term, _ = _cross_entropy_forward(logits, targets, z_loss, label_smoothing)
+    return loss, z_term
+
+
+def _cross_entropy_forward(logits, targets, z_loss, label_smoothing):
     vocab = logits.shape[-1]
     log_z = jax.nn.logsumexp(logits, axis=-1)
-    log_probs = logits - log_z[..., None]
-    target_log_prob = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-    loss = -target_log_prob
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    loss = log_z - target_logit
     if label_smoothing:
-        loss = (1.0 - label_smoothing) * loss - label_smoothing * jnp.mean(log_probs, axis=-1)
-        # Subtract the entropy of the smoothed target so a perfect prediction scores 0.
-        on = 1.0 - label_smoothing + label_smoothing / vocab
-        off = label_smoothing / vocab
-        loss = loss + (on * jnp.log(on) + (vocab - 1) * off * jnp.log(off))
+        mean_log_prob = jnp.mean(logits, axis=-1) - log_z
+        loss = (1.0 - label_smoothing) * loss - label_smoothing * mean_log_prob
+        loss = loss + _smoothing_constant(vocab, label_smoothing)
     z_term = z_loss * jnp.square(log_z)
-    return loss + z_term, z_term
+    return loss + z_term, z_term, log_z
+
+
+def _cross_entropy_fwd(logits, targets, z_loss, label_smoothing):
+    loss, z_term, log_z = _cross_entropy_forward(logits, targets, z_loss, label_smoothing)
+    return (loss, z_term), (logits, targets, log_z)
+
+
+def _cross_entropy_bwd(z_loss, label_smoothing, residuals, cotangents):
+    logits, targets, log_z = residuals
+    g_loss, g_z = cotangents  # per-token cotangents of (loss + z_term) and of z_term
+    vocab = logits.shape[-1]
+    probs = jnp.exp(logits - log_z[..., None])
+    # d loss / d logits = softmax - smoothed one-hot; d z_term / d logits = 2 z_loss log Z softmax.
+    target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
+    smoothed = jnp.where(target, 1.0 - label_smoothing + label_smoothing / vocab, label_smoothing / vocab)
+    z_scale = 2.0 * z_loss * log_z * (g_loss + g_z)
+    grad = g_loss[..., None] * (probs - smoothed) + z_scale[..., None] * probs
+    return grad, None
+
+
+_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
 
 
 def weighted_loss_sums(
