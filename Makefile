@@ -30,6 +30,12 @@ install-gpu: install
 install-tpu: install
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tpu.txt
 
+# Optional: CPU PyTorch and its runtime dependencies pinned in requirements/torch.txt, added to
+# the locked environment with --no-deps; only `python -m bench torch_reference` uses it.
+.PHONY: install-torch
+install-torch: install
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/torch.txt
+
 data: $(DATA_DIR)/metadata.json
 
 $(DATA_DIR)/metadata.json: | install

@@ -6,11 +6,12 @@ import argparse
 import sys
 
 from bench import (checkpoint, common, compile_time, decoding, evaluation, gpu_decoders, input_pipeline, matmul_peak,
-                   remat_memory, throughput)
+                   remat_memory, throughput, torch_reference)
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "gpu_decoders": gpu_decoders, "input_pipeline": input_pipeline,
-              "checkpoint": checkpoint, "decoding": decoding, "evaluation": evaluation}
+              "checkpoint": checkpoint, "decoding": decoding, "evaluation": evaluation,
+              "torch_reference": torch_reference}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "input_pipeline", "checkpoint",
                   "decoding", "evaluation")
 
