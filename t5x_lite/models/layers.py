@@ -25,6 +25,9 @@ DType = Any
 param_with_axes = nn_partitioning.param_with_axes
 with_logical_constraint = nn_partitioning.with_sharding_constraint
 
+# The checkpoint_name of every Dense output (remat policies save projections by this name).
+PROJECTION_NAME = "projection"
+
 # Fan-in scaled initialiser for projections: activations keep unit variance at init.
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
@@ -203,7 +206,10 @@ class Dense(nn.Module):
             return flat.reshape(shape)
 
         kernel = param_with_axes("kernel", init, shape, jnp.float32, axes=self.axes)
-        y = project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract_dims)
+        # Named for the remat policies: `project`'s dot is inside a custom_vjp, which jax's
+        # dot-based policies (dots_with_no_batch_dims_saveable, checkpoint_dots) cannot see.
+        y = checkpoint_name(project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract_dims),
+                            PROJECTION_NAME)
         if self.use_bias:
             bias = param_with_axes("bias", nn.initializers.zeros, tuple(self.features), jnp.float32,
                                    axes=self.axes[self.contract_dims:])

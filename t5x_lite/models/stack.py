@@ -9,6 +9,7 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 
 from t5x_lite.errors import ConfigValueError
+from t5x_lite.models import layers
 
 _policies = jax.checkpoint_policies
 # Activations tagged with checkpoint_name in layers.Attention.
@@ -16,18 +17,24 @@ QKV_NAMES = ("query_proj", "key_proj", "value_proj")
 
 # Remat policies by name. `none` keeps every activation; `full` recomputes the whole block in
 # the backward pass; the others save the named intermediates and recompute the rest:
-#   minimal        matmul outputs without batch dimensions (projections, not attention scores)
-#   save_dots      every matmul output
+#   minimal        the projections' outputs (q, k, v, attention out, MLP): matmuls without batch dims
+#   save_dots      every matmul output: the projections, and the attention scores of the 'xla'
+#                  implementation ('explicit' and 'cudnn' attention is recomputed)
 #   save_qkv_proj  only the q, k and v projections
+# Projections are found by their name (layers.PROJECTION_NAME): their dot sits inside a
+# custom_vjp (projection.py), which jax's dot-matching policies do not look into.
 # The `_offloaded` variants keep the same activations in pinned host memory instead of on
 # the device (backends with a `pinned_host` memory space: GPU and TPU).
+_PROJECTIONS = _policies.save_only_these_names(layers.PROJECTION_NAME)
 REMAT_POLICIES: dict[str, Callable[..., Any] | None] = {
     "none": None,
-    "minimal": _policies.dots_with_no_batch_dims_saveable,
-    "save_dots": _policies.checkpoint_dots,
+    "minimal": _policies.save_from_both_policies(_PROJECTIONS, _policies.dots_with_no_batch_dims_saveable),
+    "save_dots": _policies.save_from_both_policies(_PROJECTIONS, _policies.checkpoint_dots),
     "save_qkv_proj": _policies.save_only_these_names(*QKV_NAMES),
     "full": _policies.nothing_saveable,
-    "minimal_offloaded": _policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    "minimal_offloaded": _policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=[layers.PROJECTION_NAME],
+        offload_src="device", offload_dst="pinned_host"),
     "qkv_proj_offloaded": _policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[], names_which_can_be_offloaded=list(QKV_NAMES),
         offload_src="device", offload_dst="pinned_host"),
