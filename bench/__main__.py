@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
-from bench import (checkpoint, common, compile_time, decoding, evaluation, gpu_decoders, input_pipeline, matmul_peak,
-                   remat_memory, throughput, torch_reference)
+from bench import (checkpoint, common, compile_time, decoding, evaluation, gpu_decoders, input_pipeline,
+                   loop_overhead, matmul_peak, remat_memory, throughput, torch_reference)
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
-              "throughput": throughput, "gpu_decoders": gpu_decoders, "input_pipeline": input_pipeline,
-              "checkpoint": checkpoint, "decoding": decoding, "evaluation": evaluation,
-              "torch_reference": torch_reference}
-CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "input_pipeline", "checkpoint",
-                  "decoding", "evaluation")
+              "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
+              "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
+              "evaluation": evaluation, "torch_reference": torch_reference}
+CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "loop_overhead",
+                  "input_pipeline", "checkpoint", "decoding", "evaluation")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -31,13 +32,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run_all(args, all_argv) -> None:
-    """Each CPU benchmark with its defaults (or --quick); throughput reuses the measured peak."""
+    """Each CPU benchmark with its defaults (or --quick); throughput and torch_reference reuse the
+    measured peak; torch_reference is skipped, with a line saying so, where PyTorch is not installed."""
     quick = ["--quick"] if args.quick else []
     peaks = {}
     for name in CPU_BENCHMARKS:
         extra = []
         if name == "throughput":
             extra = [f"--peak_flops={peaks['float32']:.6g}", f"--peak_flops_bf16={peaks['bfloat16']:.6g}"]
+        if name == "torch_reference":
+            if importlib.util.find_spec("torch") is None:
+                print("torch_reference skipped: PyTorch is not installed (`make install-torch`).\n\n", flush=True)
+                continue
+            extra = [f"--peak_flops={peaks['float32']:.6g}"]
         argv = [name, *quick, *extra]
         sub_args = parser().parse_args(argv)
         sub_args.peak_source = "measured by the matmul_peak run above"
