@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -22,9 +23,9 @@ from tests.test_cli_run import assert_trees_equal, final_params
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 24
+STEPS = 16
 RUN = ["--gin_file=runs/quickstart.gin", *TINY_MODEL, f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.log_period=1",
-       "--gin.train.checkpoint_period=8", "--gin.OptimizerConfig.warmup_steps=2",
+       "--gin.train.checkpoint_period=4", "--gin.OptimizerConfig.warmup_steps=2",
        "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_data=None"]
 EXIT_PREEMPTED = 75
 
@@ -59,41 +60,60 @@ def job_output(model_dir: Path, job: int) -> str:
     return (model_dir.parent / f"{model_dir.name}-{job}.out").read_text()
 
 
-def test_two_process_job_trains_checkpoints_and_resumes_exactly(cluster, small_data_dir, tmp_path):
-    """A straight job, and a job stopped by `scancel --signal=TERM` then submitted again, end
-    with the same parameters bit for bit; both processes joined, and the loss fell."""
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    job = submitted_job(launch(cluster, small_data_dir, straight))
-    result = cluster.wait(job, timeout=300)
-    out = job_output(straight, job)
-    assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-3000:]
-    assert "on 2 cpu device(s) in 2 processes" in out and "2 data shard(s) of 4 rows" in out, out[-3000:]
-    straight_losses = losses(out)
-    assert len(straight_losses) == STEPS and straight_losses[-1] < straight_losses[0] - 0.05, straight_losses
-    assert out.count(f"step {STEPS}: loss=") == 1, "only process 0 writes the log"
+def _params_at(model_dir: Path, step: int, scratch: Path):
+    """The parameters of `model_dir`'s checkpoint at `step` (a copy without the later steps, restored)."""
+    copy = scratch / f"{model_dir.name}_at_{step}"
+    shutil.copytree(model_dir, copy)
+    _drop_checkpoints_after(copy, step)
+    found, params = final_params(copy)
+    assert found == step
+    return params
 
-    # Stopped by SIGTERM to both tasks after step 3's report: every process stops at one step and saves it.
-    job = submitted_job(launch(cluster, small_data_dir, interrupted))
-    output = interrupted.parent / f"{interrupted.name}-{job}.out"
+
+def _drop_checkpoints_after(model_dir: Path, step: int) -> None:
+    for path in (model_dir / "checkpoints").iterdir():
+        if path.name.isdigit() and int(path.name) > step:
+            shutil.rmtree(path)
+
+
+def test_two_process_job_is_stopped_by_scancel_and_resumes_exactly(cluster, small_data_dir, tmp_path):
+    """A 2-process job stopped by `scancel --signal=TERM` saves and exits 75. Submitted again after
+    all but its earliest checkpoint are removed, it resumes there, replays the steps up to the
+    stop with the same losses, and writes the next periodic checkpoint bit for bit as the first
+    job did. Both processes joined, only process 0 logged, and the loss fell."""
+    run = tmp_path / "run"
+    job = submitted_job(launch(cluster, small_data_dir, run))
+    output = run.parent / f"{run.name}-{job}.out"
     deadline = time.monotonic() + 240
-    while not (output.exists() and "step 3: loss=" in output.read_text()):
+    while not (output.exists() and "step 9: loss=" in output.read_text()):
         assert time.monotonic() < deadline, output.read_text() if output.exists() else "no output"
         time.sleep(0.2)
     cluster.run("scancel", "--signal=TERM", str(job))
     result = cluster.wait(job, timeout=240)
-    out = job_output(interrupted, job)
+    out = job_output(run, job)
     assert (result.state, result.exit_code) == ("FAILED", EXIT_PREEMPTED), out[-3000:]
+    assert "on 2 cpu device(s) in 2 processes" in out and "2 data shard(s) of 4 rows" in out, out[-3000:]
     stopped_at = int(re.search(r"saved a checkpoint at step (\d+) and stopped", out).group(1))
-    assert 3 <= stopped_at < STEPS, out[-3000:]
+    assert 9 <= stopped_at < STEPS, out[-3000:]
+    first_losses = losses(out)
+    assert len(first_losses) == stopped_at and out.count("step 9: loss=") == 1, "only process 0 writes the log"
+    # Periodic checkpoints every 4 steps, the last 3 kept: the earliest kept one is the resume
+    # point, and the next (periodic, so the second job writes it again) is compared.
+    kept = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    resume_at, compare_at = kept[0], kept[1]
+    assert compare_at % 4 == 0 and compare_at < stopped_at == kept[-1], kept
+    first_params = _params_at(run, compare_at, tmp_path)
 
-    job = submitted_job(launch(cluster, small_data_dir, interrupted))
+    _drop_checkpoints_after(run, resume_at)
+    job = submitted_job(launch(cluster, small_data_dir, run))
     result = cluster.wait(job, timeout=300)
-    out = job_output(interrupted, job)
+    out = job_output(run, job)
     assert (result.state, result.exit_code) == ("COMPLETED", 0), out[-3000:]
-    assert f"Resuming from the checkpoint at step {stopped_at}" in out, out[-3000:]
-    assert losses(out) == straight_losses[stopped_at:]
-
-    step_a, params_a = final_params(straight)
-    step_b, params_b = final_params(interrupted)
-    assert step_a == step_b == STEPS
-    assert_trees_equal(params_a, params_b)
+    assert f"Resuming from the checkpoint at step {resume_at}" in out, out[-3000:]
+    resumed_losses = losses(out)
+    assert len(resumed_losses) == STEPS - resume_at
+    assert resumed_losses[:stopped_at - resume_at] == first_losses[resume_at:], (first_losses, resumed_losses)
+    assert resumed_losses[-1] < first_losses[0] - 0.05, (first_losses, resumed_losses)
+    assert_trees_equal(_params_at(run, compare_at, tmp_path / "again"), first_params)
+    step, _ = final_params(run)
+    assert step == STEPS
