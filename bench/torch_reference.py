@@ -248,6 +248,21 @@ def peak(s: dict, quick: bool) -> tuple[float, str]:
     return measured["float32"], source
 
 
+def torch_matmul_peak(sizes: tuple[int, ...], threads: int, repeats: int = 5) -> tuple[float, int]:
+    """PyTorch's own float32 n x n matmul GFLOP/s (best of `repeats` after 2 warm-ups) and its size:
+    the kernel PyTorch's step runs on, next to JAX's in matmul_peak."""
+    torch = import_torch()
+    torch.set_num_threads(threads)
+    best = (0.0, 0)
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        for _ in range(2):
+            a @ b
+        seconds = min(common.timed(lambda: a @ b)[1] for _ in range(repeats))
+        best = max(best, (2 * n**3 / seconds, n))
+    return best
+
+
 def run(args, command: str) -> None:
     s = common.resolve(args, DEFAULTS, QUICK)
     import_torch()  # before anything slow: a missing torch is one line
@@ -260,6 +275,7 @@ def run(args, command: str) -> None:
     r = measure(s["style"], s)
     cfg = r["cfg"]
     mfu = r["flops_token"] * r["tokens_per_s"] / peak_flops  # one CPU, as throughput's single device
+    torch_peak, torch_n = torch_matmul_peak((256, 512) if args.quick else (1024, 2048, 4096), r["threads"])
     fell = r["loss"] < r["first_loss"]
     row = [s["style"], "float32", r["threads"], f"{r['params']:,}", f"{cfg.num_params():,}",
            f"{r['matmul_params']:,}", r["tokens"], f"{r['flops_token'] / 1e6:,.1f}", f"{r['first_step_s']:.2f}",
@@ -279,6 +295,8 @@ def run(args, command: str) -> None:
           f"t5x_lite's for throughput.model_config({s['style']!r}, 'float32'); they equal the PyTorch model's."
           + (" params differ by the untied input table: t5x_lite's gpt2 config ties the output projection to the "
              "embedding." if r["params"] != cfg.num_params() else "")
-          + f" MFU peak: {peak_source}. Rows are plain causal sequences (throughput packs --packed_segments per row "
-          f"unless given --packed_segments=0).")
+          + f" MFU peak: {peak_source}. PyTorch's own float32 matmul peaks at {torch_peak / 1e9:,.1f} GFLOP/s "
+          f"(n = {torch_n}, {r['threads']} threads), {torch_peak / peak_flops:.2f}x that peak; against it this step's "
+          f"MFU is {100 * r['flops_token'] * r['tokens_per_s'] / torch_peak:.1f}%. Rows are plain causal sequences "
+          "(throughput packs --packed_segments per row unless given --packed_segments=0).")
     print(common.settings_line(s))
