@@ -42,9 +42,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), else all of them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def cores() -> str:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{usable} usable of {os.cpu_count()}"
+    return f"{usable_cores()} usable of {os.cpu_count()}"
 
 
 def accelerator() -> str:

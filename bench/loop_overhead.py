@@ -126,16 +126,13 @@ def bare_optimizer():
 
 def _timed(step, state, *args, s: dict, loss) -> dict:
     """common.timed_steps after a first step run here, whose loss (before any update) is kept."""
-    start = time.perf_counter()
     state, metrics = step(state, *args)
     first_loss = float(loss(metrics))  # waits for the first step
-    first_s = time.perf_counter() - start  # compile included
     state, metrics, _, seconds = common.timed_steps(step, state, *args, warmup=s["warmup_steps"] - 1,
                                                     windows=s["windows"], steps=s["steps"])
     del state
     step_s = statistics.median(seconds)
-    return {"first_step_s": first_s, "step_s": step_s, "best_step_s": min(seconds), "window_step_s": seconds,
-            "tokens_per_s": s["batch_size"] * s["seq_len"] / step_s, "first_loss": first_loss,
+    return {"step_s": step_s, "tokens_per_s": s["batch_size"] * s["seq_len"] / step_s, "first_loss": first_loss,
             "loss": float(loss(metrics)), "steps": s["warmup_steps"] + s["windows"] * s["steps"]}
 
 
@@ -147,20 +144,14 @@ def init_trainer(cfg, batch: dict):
     return trainer, trainer.init_state(jax.random.PRNGKey(0), batch)
 
 
-def measure_bare(cfg, batch: dict, s: dict, params=None) -> dict:
-    """Row 1: the bare jitted step on one device, on the fixed batch.
-
-    `params`: initial parameters to copy (the trainer's, so both rows start from the same
-    model); None initialises the module with PRNGKey(0).
-    """
+def measure_bare(cfg, batch: dict, s: dict, params) -> dict:
+    """Row 1: the bare jitted step on one device, on the fixed batch, from a copy of `params`
+    (the trainer's initial parameters, so both rows start from the same model)."""
     import jax
     import numpy as np
 
     module = cfg.make_module()
     optimizer = bare_optimizer()
-    if params is None:
-        inputs = {k: batch[k] for k in ("decoder_input_tokens", "decoder_positions", "decoder_segment_ids")}
-        params = jax.jit(module.init)(jax.random.PRNGKey(0), **inputs)["params"]
     # A private copy (the step donates it), all of the state committed to one device: a step
     # called with uncommitted inputs and then with its own (committed) outputs compiles twice.
     params = jax.tree.map(np.array, jax.device_get(params))
@@ -169,11 +160,11 @@ def measure_bare(cfg, batch: dict, s: dict, params=None) -> dict:
                   loss=lambda m: m)
 
 
-def measure_trainer(cfg, batch: dict, s: dict, setup=None) -> dict:
+def measure_trainer(batch: dict, s: dict, setup) -> dict:
     """Row 2: `Trainer.train_step` on the fixed batch, as `throughput` runs it (`setup`: from init_trainer)."""
     import jax
 
-    trainer, state = setup or init_trainer(cfg, batch)
+    trainer, state = setup
     global_batch = common.global_batch(trainer, batch)
     rng = jax.random.PRNGKey(1)
     return _timed(trainer.train_step, state, global_batch, rng, s=s,
@@ -269,7 +260,7 @@ def run(args, command: str) -> dict:
         setup = init_trainer(cfg, batch)
         bare = measure_bare(cfg, batch, s, params=setup[1].params)
         common.progress("loop_overhead: 2/3 Trainer.train_step")
-        step = measure_trainer(cfg, batch, s, setup)
+        step = measure_trainer(batch, s, setup)
         del setup  # its state was donated to the steps
         common.progress(f"loop_overhead: 3/3 loops.train, {(1 + s['windows']) * s['steps']} steps")
         loop = measure_loop(cfg, task, s, os.path.join(tmp, "model_dir"))
@@ -324,7 +315,8 @@ def run(args, command: str) -> dict:
         "here), grad norm, non-finite guard, metrics dict; the state donated.",
         f"Row 3: loops.train in-process, {loop['steps']} steps, log_period {n}, no eval, a checkpoint only at the end "
         "(outside every window). Its figure is the median over the windows after the first of the tok/s its "
-        "reports print (train/tokens_per_second, which loops.train also returns for its last window): per step the next batch from the seqio pipeline, the host-to-device transfer, the step's dispatch, "
+        "reports print (train/tokens_per_second, which loops.train also returns for its last window): per "
+        "step the next batch from the seqio pipeline, the host-to-device transfer, the step's dispatch, "
         "the metrics list, and the report's device_get; the report's TensorBoard write and log line run after "
         "that window's clock stops. First loss = the loop's step-0 check (eval_step on its first batch); last "
         "loss = the mean of the last window, over fresh batches; its schedule is built for "

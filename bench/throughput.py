@@ -22,8 +22,8 @@ from bench import common, matmul_peak
 
 DEFAULTS = {"families": "llama,gpt2,t5", "dtypes": "float32,bfloat16", "emb_dim": 512, "num_layers": 4,
             "num_heads": 8, "head_dim": 64, "mlp_dim": 1408, "vocab_size": 8192, "seq_len": 256, "batch_size": 8,
-            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "warmup_steps": 2, "steps": 5, "windows": 3,
-            "peak_flops": None, "peak_flops_bf16": None}
+            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "warmup_steps": 2, "steps": 5,
+            "windows": 3, "peak_flops": None, "peak_flops_bf16": None}
 QUICK = {"emb_dim": 64, "num_layers": 2, "num_heads": 2, "head_dim": 32, "mlp_dim": 128, "vocab_size": 512,
          "seq_len": 64, "batch_size": 2, "warmup_steps": 1, "steps": 3, "windows": 2}
 

@@ -19,11 +19,10 @@ config's. Needs PyTorch (`make install-torch`).
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 
-from bench import common, matmul_peak, throughput
+from bench import common, throughput
 
 SIZES = ("emb_dim", "num_layers", "num_heads", "head_dim", "mlp_dim", "vocab_size", "seq_len", "batch_size")
 STYLES = ("llama", "gpt2")
@@ -53,10 +52,6 @@ def import_torch():
     except ImportError:
         raise SystemExit(INSTALL_HINT) from None
     return torch
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------------------- the model
@@ -192,7 +187,7 @@ def measure(style: str, s: dict) -> dict:
     torch = import_torch()
     from torch.nn import functional as F
 
-    torch.set_num_threads(s["threads"] or usable_cores())
+    torch.set_num_threads(s["threads"] or common.usable_cores())
     cfg = throughput.model_config(style, "float32", s)
     torch.manual_seed(s["seed"])
     model = build_model(style, s)
@@ -239,13 +234,10 @@ def measure(style: str, s: dict) -> dict:
 
 
 def peak(s: dict, quick: bool) -> tuple[float, str]:
-    """float32 peak FLOP/s and where it came from (as `throughput.peaks`)."""
-    if s["peak_flops"]:
-        return s["peak_flops"], "--peak_flops"
-    settings = {**matmul_peak.DEFAULTS, **(matmul_peak.QUICK if quick else {}), "dtypes": "float32"}
-    _, measured = matmul_peak.measure(settings)
-    source = f"JAX float32 matmul, measured in-process by matmul_peak ({common.settings_line(settings)})"
-    return measured["float32"], source
+    """JAX's float32 peak FLOP/s and where it came from (`throughput.peaks` for float32 alone)."""
+    given = {"peak_flops": s["peak_flops"], "peak_flops_bf16": None, "dtypes": "float32"}
+    found, source = throughput.peaks(given, quick)
+    return found["float32"], source
 
 
 def torch_matmul_peak(sizes: tuple[int, ...], threads: int, repeats: int = 5) -> tuple[float, int]:
@@ -266,7 +258,7 @@ def torch_matmul_peak(sizes: tuple[int, ...], threads: int, repeats: int = 5) ->
 def run(args, command: str) -> None:
     s = common.resolve(args, DEFAULTS, QUICK)
     import_torch()  # before anything slow: a missing torch is one line
-    s["threads"] = s["threads"] or usable_cores()
+    s["threads"] = s["threads"] or common.usable_cores()
     if s["warmup_steps"] < 1 or s["steps"] < 1 or s["windows"] < 1:
         raise SystemExit("--warmup_steps, --steps and --windows must each be at least 1.")
     peak_flops, peak_source = peak(s, args.quick)
@@ -295,7 +287,8 @@ def run(args, command: str) -> None:
           f"t5x_lite's for throughput.model_config({s['style']!r}, 'float32'); they equal the PyTorch model's."
           + (" params differ by the untied input table: t5x_lite's gpt2 config ties the output projection to the "
              "embedding." if r["params"] != cfg.num_params() else "")
-          + f" MFU peak: {peak_source}. PyTorch's own float32 matmul peaks at {torch_peak / 1e9:,.1f} GFLOP/s "
+          + f" MFU peak (JAX's float32 matmul): {peak_source}. PyTorch's own float32 matmul peaks at "
+          f"{torch_peak / 1e9:,.1f} GFLOP/s "
           f"(n = {torch_n}, {r['threads']} threads), {torch_peak / peak_flops:.2f}x that peak; against it this step's "
           f"MFU is {100 * r['flops_token'] * r['tokens_per_s'] / torch_peak:.1f}%. Rows are plain causal sequences "
           "(throughput packs --packed_segments per row unless given --packed_segments=0).")

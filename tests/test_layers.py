@@ -311,10 +311,10 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
     xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
     explicit = explicit_attention.dot_product_attention
     args = (q, k, v, bias)
-    argnums = (0, 1, 2, 3) if with_bias else (0, 1, 2)
+    argnums = (1, 2, 3, 4) if with_bias else (1, 2, 3)  # q, k, v (and the bias) after `attend`
     np.testing.assert_allclose(float(loss(explicit, *args)), float(loss(xla, *args)), rtol=1e-5)
-    for got, want in zip(jax.grad(loss, argnums=[a + 1 for a in argnums])(explicit, *args),
-                         jax.grad(loss, argnums=[a + 1 for a in argnums])(xla, *args)):
+    for got, want in zip(jax.grad(loss, argnums=argnums)(explicit, *args),
+                         jax.grad(loss, argnums=argnums)(xla, *args)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
@@ -336,5 +336,6 @@ def test_projection_gradients_equal_autodiff_of_a_plain_dot(contract_dims):
     loss = lambda f: lambda x, kernel: jnp.sum(f(x, kernel) * weights)  # noqa: E731
     ours = lambda x, kernel: project(x, kernel, contract_dims)  # noqa: E731
     np.testing.assert_allclose(np.asarray(ours(x, kernel)), np.asarray(plain(x, kernel)), rtol=1e-6)
-    for got, want in zip(jax.grad(loss(ours), argnums=(0, 1))(x, kernel), jax.grad(loss(plain), argnums=(0, 1))(x, kernel)):
+    for got, want in zip(jax.grad(loss(ours), argnums=(0, 1))(x, kernel),
+                         jax.grad(loss(plain), argnums=(0, 1))(x, kernel)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -127,7 +127,8 @@ def _autodiff_reference(logits, targets, weights, z_loss, label_smoothing):
     log_probs = jax.nn.log_softmax(logits)
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target = jax.nn.one_hot(targets, vocab) * (1.0 - label_smoothing) + label_smoothing / vocab
-    loss = jnp.sum(jax.scipy.special.xlogy(target, target) - target * log_probs, axis=-1) + z_loss * log_z**2  # KL to the target
+    kl = jnp.sum(jax.scipy.special.xlogy(target, target) - target * log_probs, axis=-1)  # KL to the target
+    loss = kl + z_loss * log_z**2
     return jnp.sum(loss * weights)
 
 

@@ -70,10 +70,22 @@ def _params_at(model_dir: Path, step: int, scratch: Path):
     return params
 
 
+def _saved_steps(model_dir: Path) -> list[int]:
+    from t5x_lite import checkpoint
+
+    checkpoints = checkpoint.Checkpointer(str(model_dir), create=False)
+    try:
+        return checkpoints.all_steps()
+    finally:
+        checkpoints.close()
+
+
 def _drop_checkpoints_after(model_dir: Path, step: int) -> None:
-    for path in (model_dir / "checkpoints").iterdir():
-        if path.name.isdigit() and int(path.name) > step:
-            shutil.rmtree(path)
+    from t5x_lite import checkpoint
+
+    for saved in _saved_steps(model_dir):
+        if saved > step:
+            shutil.rmtree(Path(checkpoint.checkpoints_dir(str(model_dir))) / str(saved))
 
 
 def test_two_process_job_is_stopped_by_scancel_and_resumes_exactly(cluster, small_data_dir, tmp_path):
@@ -99,7 +111,7 @@ def test_two_process_job_is_stopped_by_scancel_and_resumes_exactly(cluster, smal
     assert len(first_losses) == stopped_at and out.count("step 9: loss=") == 1, "only process 0 writes the log"
     # Periodic checkpoints every 4 steps, the last 3 kept: the earliest kept one is the resume
     # point, and the next (periodic, so the second job writes it again) is compared.
-    kept = sorted(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+    kept = _saved_steps(run)
     resume_at, compare_at = kept[0], kept[1]
     assert compare_at % 4 == 0 and compare_at < stopped_at == kept[-1], kept
     first_params = _params_at(run, compare_at, tmp_path)

@@ -104,8 +104,7 @@ class T5Config(ModelConfigBase):
 
 
 def _attention(cfg: T5Config, name: str, kv_cache: str = "none") -> layers.Attention:
-    # The relative position bias rules out cuDNN's kernel; on CPU the explicit one is faster.
-    implementation = "explicit" if jax.default_backend() == "cpu" else "xla"
+    implementation = layers.attention_implementation("auto", cfg.compute_dtype, cfg.head_dim, allow_fused=False)
     return layers.Attention(cfg.num_heads, cfg.num_heads, cfg.head_dim, cfg.compute_dtype, use_rope=False,
                             fold_scale_into_query=True, kv_cache=kv_cache, implementation=implementation, name=name)
 

@@ -29,10 +29,14 @@ def cross_entropy_with_logits(
     return _cross_entropy(logits.astype(jnp.float32), targets, float(z_loss), float(label_smoothing))
 
 
+def _smoothed_target(vocab: int, label_smoothing: float) -> tuple[float, float]:
+    """(probability of the target token, of every other token) in the smoothed target."""
+    return 1.0 - label_smoothing + label_smoothing / vocab, label_smoothing / vocab
+
+
 def _smoothing_constant(vocab: int, label_smoothing: float) -> float:
     """Entropy of the smoothed target: subtracted so that a perfect prediction scores 0."""
-    on = 1.0 - label_smoothing + label_smoothing / vocab
-    off = label_smoothing / vocab
+    on, off = _smoothed_target(vocab, label_smoothing)
     return on * math.log(on) + (vocab - 1) * off * math.log(off)
 
 
@@ -67,7 +71,7 @@ def _cross_entropy_bwd(z_loss, label_smoothing, residuals, cotangents):
     probs = jnp.exp(logits - log_z[..., None])
     # d loss / d logits = softmax - smoothed one-hot; d z_term / d logits = 2 z_loss log Z softmax.
     target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
-    smoothed = jnp.where(target, 1.0 - label_smoothing + label_smoothing / vocab, label_smoothing / vocab)
+    smoothed = jnp.where(target, *_smoothed_target(vocab, label_smoothing))
     z_scale = 2.0 * z_loss * log_z * (g_loss + g_z)
     grad = g_loss[..., None] * (probs - smoothed) + z_scale[..., None] * probs
     return grad, None
