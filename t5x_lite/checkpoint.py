@@ -207,12 +207,18 @@ class Checkpointer:
         ))
         return restored["state"], restored["data_iterator"], restored["metadata"]
 
-    def restore_params(self, step: int) -> Any:
-        """Only the parameters of a step, on this process's first device, whatever mesh saved them."""
+    def restore_params(self, step: int, *, only: Callable[[str], bool] | None = None) -> Any:
+        """The parameters of a step, on this process's first device, whatever mesh saved them.
+
+        `only('decoder/layers/attention/query/kernel')` picks which arrays are read (a converter
+        reads a checkpoint one array at a time this way); the others are left out of the tree.
+        """
         self._ready(step)
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                               self.state_shapes(step)["params"])
+        if only is not None:
+            target = _select(target, only)
         # A partial restore (the optimizer state is not read) needs the PyTree handler itself.
         with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as reader:
             restored = reader.restore(
@@ -299,6 +305,20 @@ class Checkpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+def _select(tree: dict, keep: Callable[[str], bool], prefix: str = "") -> dict:
+    """The leaves of a nested dict whose '/'-joined path `keep` accepts (empty branches dropped)."""
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            branch = _select(value, keep, f"{path}/")
+            if branch:
+                out[key] = branch
+        elif keep(path):
+            out[key] = value
+    return out
 
 
 def _one_line(error: BaseException) -> str:

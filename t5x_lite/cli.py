@@ -10,6 +10,7 @@
     t5x-lite config show|explain|diff|reference  the resolved config, where each value came from, diffs
     t5x-lite estimate --gin_file=FILE ...        parameters, FLOPs, memory and time before you spend compute
     t5x-lite launch slurm --gin_file=FILE --nodes=N ...   render and submit a SLURM job (--dry-run prints it)
+    t5x-lite convert from-hf|to-hf ...           Hugging Face T5, GPT-2 and LLaMA checkpoints in and out
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ COMMANDS = {
     "config": ("t5x_lite.config_command", "show / explain / diff resolved gin configs; write the reference"),
     "estimate": ("t5x_lite.estimate", "parameters, FLOPs, memory per device and time to train, from a gin config"),
     "launch": ("t5x_lite.launch", "`launch slurm`: render and submit a multi-node SLURM job (or --dry-run)"),
+    "convert": ("t5x_lite.hf.command", "`convert from-hf` / `convert to-hf`: Hugging Face checkpoints in and out"),
 }
 
 

@@ -29,12 +29,13 @@ def bad_input_types() -> tuple[type[BaseException], ...]:
     """Exception types whose message is meant for the user (a traceback would only distract)."""
     from t5x_lite import (cache_tasks, checkpoint, config, distributed, init_from, input_pipeline, loops, prepare,
                           storage)
+    from t5x_lite.hf.errors import ConversionError
 
     return (config.ConfigError, loops.RunConfigError, loops.NonFiniteLossError, checkpoint.CheckpointMismatchError,
             checkpoint.NoUsableCheckpointError, checkpoint.CheckpointNotFoundError, init_from.InitFromError, ConfigValueError,
             TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
             input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError,
-            distributed.DistributedConfigError, distributed.CoordinatorUnreachableError)
+            distributed.DistributedConfigError, distributed.CoordinatorUnreachableError, ConversionError)
 
 
 @contextlib.contextmanager

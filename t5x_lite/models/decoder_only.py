@@ -45,6 +45,8 @@ class DecoderConfig(ModelConfigBase):
       rope_max_wavelength: RoPE base (position_embedding='rope' only).
       position_embedding: 'rope' (rotary, LLaMA) or 'learned' (a table of max_len rows, GPT-2).
       norm: 'rmsnorm' (LLaMA) or 'layernorm' (GPT-2, with bias).
+      norm_epsilon: added to the variance in every norm; None is the norm's usual value
+        (RMSNorm 1e-6, LayerNorm 1e-5). Converted Hugging Face models carry their own.
       mlp_activations: ('silu', 'linear') is SwiGLU; ('gelu',) is GPT-2's MLP.
       use_bias: biases in every projection (GPT-2).
       tie_embeddings: compute logits with the input embedding table (GPT-2).
@@ -68,6 +70,7 @@ class DecoderConfig(ModelConfigBase):
     rope_max_wavelength: float = 10_000.0
     position_embedding: str = "rope"
     norm: str = "rmsnorm"
+    norm_epsilon: float | None = None
     mlp_activations: tuple[str, ...] = ("silu", "linear")
     use_bias: bool = False
     tie_embeddings: bool = False
@@ -135,7 +138,7 @@ class DecoderBlock(nn.Module):
     def __call__(self, x: Array, mask: Array | None, positions: Array):
         cfg = self.config
         dtype = cfg.compute_dtype
-        norm = layers.NORMS[cfg.norm]
+        norm = layers.norm_class(cfg.norm, cfg.norm_epsilon)
         implementation = layers.attention_implementation(cfg.attention_implementation, dtype, cfg.head_dim)
         x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
         h = norm(dtype=dtype, name="attn_norm")(x)
@@ -214,7 +217,7 @@ class Decoder(nn.Module):
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions)
-        x = layers.NORMS[cfg.norm](dtype=dtype, name="final_norm")(x)
+        x = layers.norm_class(cfg.norm, cfg.norm_epsilon)(dtype=dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)
         else:

@@ -43,6 +43,7 @@ class T5Config(ModelConfigBase):
         instead of a separate output projection (T5 v1.1).
       relative_attention_num_buckets: buckets of the relative position bias.
       relative_attention_max_distance: distances beyond this share the last bucket.
+      norm_epsilon: added to the variance in every RMSNorm; None is 1e-6 (T5's value).
     """
 
     vocab_size: int = 32128
@@ -60,6 +61,7 @@ class T5Config(ModelConfigBase):
     tie_embeddings: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    norm_epsilon: float | None = None
 
     family = "encoder_decoder"
 
@@ -103,6 +105,10 @@ class T5Config(ModelConfigBase):
         return per_target + per_input * inputs_length / seq_len
 
 
+def _norm(cfg: T5Config):
+    return layers.norm_class("rmsnorm", cfg.norm_epsilon)
+
+
 def _attention(cfg: T5Config, name: str, kv_cache: str = "none") -> layers.Attention:
     implementation = layers.attention_implementation("auto", cfg.compute_dtype, cfg.head_dim, allow_fused=False)
     return layers.Attention(cfg.num_heads, cfg.num_heads, cfg.head_dim, cfg.compute_dtype, use_rope=False,
@@ -120,9 +126,9 @@ class EncoderBlock(nn.Module):
         cfg, dtype = self.config, self.config.compute_dtype
         dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)  # noqa: E731
         x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
-        h = layers.RMSNorm(dtype=dtype, name="attn_norm")(x)
+        h = _norm(cfg)(dtype=dtype, name="attn_norm")(x)
         x = x + dropout(_attention(cfg, "attention")(h, h, mask, bias=bias))
-        h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(x)
+        h = _norm(cfg)(dtype=dtype, name="mlp_norm")(x)
         x = x + dropout(layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h))
         return layers.with_logical_constraint(x, ("batch", "length", "embed")), None
 
@@ -144,11 +150,11 @@ class DecoderBlock(nn.Module):
         dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)  # noqa: E731
         self_cache, cross_cache = ("append", "fixed") if self.decode else ("none", "none")
         y = layers.with_logical_constraint(y, ("batch", "length", "embed"))
-        h = layers.RMSNorm(dtype=dtype, name="attn_norm")(y)
+        h = _norm(cfg)(dtype=dtype, name="attn_norm")(y)
         y = y + dropout(_attention(cfg, "attention", self_cache)(h, h, self_mask, bias=bias))
-        h = layers.RMSNorm(dtype=dtype, name="cross_attn_norm")(y)
+        h = _norm(cfg)(dtype=dtype, name="cross_attn_norm")(y)
         y = y + dropout(_attention(cfg, "cross_attention", cross_cache)(h, encoded, cross_mask))
-        h = layers.RMSNorm(dtype=dtype, name="mlp_norm")(y)
+        h = _norm(cfg)(dtype=dtype, name="mlp_norm")(y)
         y = y + dropout(layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, name="mlp")(h))
         return layers.with_logical_constraint(y, ("batch", "length", "embed")), None
 
@@ -175,7 +181,7 @@ class Encoder(nn.Module):
         blocks = stack.stack_layers(EncoderBlock, num_layers=cfg.num_encoder_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic)(x, mask, bias)
-        return dropout(layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(x))
+        return dropout(_norm(cfg)(dtype=cfg.compute_dtype, name="final_norm")(x))
 
 
 class Decoder(nn.Module):
@@ -206,7 +212,7 @@ class Decoder(nn.Module):
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_decoder_layers, scan=cfg.scan_layers,
                                     remat=cfg.remat_policy, num_broadcast=4)
         y, _ = blocks(cfg, deterministic, decode)(y, encoded, self_mask, cross_mask, bias)
-        y = dropout(layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(y))
+        y = dropout(_norm(cfg)(dtype=cfg.compute_dtype, name="final_norm")(y))
         if cfg.tie_embeddings:
             logits = self.embed.attend(y) / math.sqrt(cfg.emb_dim)
         else:

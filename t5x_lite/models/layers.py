@@ -7,6 +7,7 @@ Parameters are stored in float32; computation happens in the module's `dtype`.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -154,6 +155,12 @@ class LayerNorm(nn.Module):
 
 
 NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+
+
+def norm_class(kind: str, epsilon: float | None = None) -> Any:
+    """The norm module called `kind`, with `epsilon` bound unless None (the module's default)."""
+    cls = NORMS[kind]
+    return cls if epsilon is None else functools.partial(cls, epsilon=epsilon)
 
 
 class Embed(nn.Module):

@@ -1,0 +1,299 @@
+"""Conversions between a Hugging Face model folder and a t5x_lite model directory.
+
+`from_hf`: config.json -> model config (scanned or not), every tensor checked against the
+config's sizes before any is converted, then read one at a time and written as a step-0 Orbax
+checkpoint of float32 parameters, with model.gin, the vocabulary (a SentencePiece model, when the
+folder has one) and the folder's other files under hf/.
+
+`to_hf`: a checkpoint's model config -> config.json, then each parameter array read alone from
+the checkpoint (whatever mesh saved it) and its tensors streamed into safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from t5x_lite.hf import families, rules, safetensors_files
+from t5x_lite.hf.errors import ConversionError
+
+CONFIG_FILE = "config.json"
+HF_SUBDIR = "hf"  # in a converted model directory: the Hugging Face folder's non-weight files
+MODEL_GIN = "model.gin"
+# SentencePiece models as LLaMA and T5 folders name them.
+SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model")
+WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|pt|pth|h5|msgpack|ckpt|gguf)$|.*\.safetensors\.index\.json$")
+DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def read_hf_config(model_dir: str) -> dict[str, Any]:
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ConversionError(f"{model_dir} has no {CONFIG_FILE}; --model_dir names a local Hugging Face model folder "
+                              "(config.json + safetensors), as save_pretrained writes it.")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConversionError(f"{path} is not valid JSON ({e}).") from None
+
+
+def abstract_params(model: Any) -> dict[str, Any]:
+    """{'/'-joined parameter path: ShapeDtypeStruct} of `model`, without allocating it."""
+    import jax
+    import jax.numpy as jnp
+
+    from t5x_lite.init_from import flatten
+
+    tokens = jnp.zeros((1, 8), jnp.int32)
+    args = (tokens, tokens) if model.family == "encoder_decoder" else (tokens,)
+    return flatten(jax.eval_shape(model.make_module().init, jax.random.key(0), *args)["params"])
+
+
+def check_tensors(steps: list[rules.Step], files: safetensors_files.TensorFiles, mapping: rules.Mapping,
+                  dims: dict[str, Any]) -> None:
+    """Every tensor the rules need is present with the shape config.json gives it, and no other
+    tensor is left unconverted; one ConversionError lists the problems by tensor name."""
+    problems, needed = [], set()
+    for step in steps:
+        for name, shape, exprs in zip(step.hf, step.hf_shapes, step.shape_exprs):
+            needed.add(name)
+            if name not in files:
+                problems.append(f"missing tensor {name}")
+            elif files.shape(name) != shape:
+                problems.append(f"tensor {name} has shape {list(files.shape(name))}, but config.json gives "
+                                f"{rules.describe_shape(exprs, dims)}")
+    ignored = [re.compile(p) for p in mapping.ignored]
+    unexpected = [n for n in files.names() if n not in needed and not any(p.fullmatch(n) for p in ignored)]
+    problems += [f"unexpected tensor {n} (not part of this architecture; it would be dropped)" for n in unexpected]
+    if problems:
+        raise ConversionError(f"{files.folder} does not match its config.json:\n  " + "\n  ".join(problems[:20])
+                              + (f"\n  ... {len(problems) - 20} more" if len(problems) > 20 else ""))
+
+
+def model_gin(model: Any, *, header: str) -> str:
+    """A gin file binding MODEL to `model`'s every field."""
+    cls = type(model).__name__
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    lines.append(f"MODEL = @{cls}()")
+    lines += [f"{cls}.{field} = {value!r}" for field, value in model.to_dict().items()]
+    return "\n".join(lines) + "\n"
+
+
+def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable[[str], None] = print) -> str:
+    """Converts the Hugging Face folder `model_dir` into the t5x_lite model directory `out`; returns model.gin's path."""
+    from t5x_lite import checkpoint, storage
+
+    hf_config = read_hf_config(model_dir)
+    family = families.for_hf_config(hf_config)
+    dims = family.dims(hf_config)
+    model = family.config_from_hf(hf_config, scan_layers=scan_layers)
+    out = storage.absolute(out)
+    existing = checkpoint.Checkpointer(out, create=False) if storage.exists(checkpoint.checkpoints_dir(out)) else None
+    if existing is not None:
+        steps_there = existing.all_steps()
+        existing.close()
+        if steps_there:
+            raise ConversionError(f"{out} already holds checkpoints (steps {steps_there}); nothing was written. "
+                                  "Choose a new --out.")
+
+    with safetensors_files.TensorFiles(model_dir) as files:
+        mapping = family.mapping(model, set(files.names()))
+        steps = rules.expand(mapping, scanned=model.scan_layers, dims=dims)
+        check_tensors(steps, files, mapping, dims)
+        params = _params_from_tensors(steps, files, abstract_params(model))
+
+    storage.makedirs(out)
+    _copy_folder_files(model_dir, out)
+    gin_path = storage.join(out, MODEL_GIN)
+    header = (f"A {family.ARCHITECTURE} converted from {os.path.abspath(model_dir)} by `t5x-lite convert from-hf`.\n"
+              f"Fine-tune from it: --gin_file={gin_path} --gin.train.init_from=\"@InitFrom()\" "
+              f"--gin.InitFrom.checkpoint=\"'{out}'\"")
+    gin_text = model_gin(model, header=header)
+    storage.write_whole(gin_path, gin_text)
+    storage.write_whole(storage.join(out, "config.gin"), gin_text)
+    metadata = {"family": model.family, "model": json.loads(json.dumps(model.to_dict())), "task": None,
+                "vocab_size": model.vocab_size, "num_params": model.num_params(),
+                "converted_from": {"model_dir": os.path.abspath(model_dir), "architecture": family.ARCHITECTURE}}
+    # Written last: a model directory with a checkpoint is a complete conversion.
+    writer = checkpoint.Checkpointer(out, async_save=False)
+    try:
+        writer.save(0, state={"step": np.int32(0), "params": _unflatten(params)}, iterator_state={},
+                    metadata=metadata, config_text=gin_text)
+    finally:
+        writer.close()
+    log(f"Converted {family.ARCHITECTURE} ({model.num_params():,} parameters, scan_layers={model.scan_layers}) "
+        f"from {model_dir} to {out} (step 0).")
+    return gin_path
+
+
+def _params_from_tensors(steps: list[rules.Step], files: safetensors_files.TensorFiles,
+                         abstract: dict[str, Any]) -> dict[str, np.ndarray]:
+    params: dict[str, np.ndarray] = {}
+    for step in steps:
+        arrays = [np.asarray(files.read(name), dtype=np.float32) for name in step.hf]
+        for path, value in zip(step.ours, step.transform.to_ours(*arrays)):
+            want = abstract[path].shape
+            if step.layer is None:
+                params[path] = np.ascontiguousarray(value)
+                got = value.shape
+            else:
+                params.setdefault(path, np.empty(want, np.float32))[step.layer] = value
+                got = (want[0], *value.shape)
+            if tuple(got) != tuple(want):
+                raise AssertionError(f"{path}: converted to {got}, the model wants {want}")
+    missing = sorted(set(abstract) - set(params))
+    if missing:
+        raise AssertionError(f"no rule fills {missing}")
+    return params
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+    from t5x_lite.init_from import unflatten
+
+    return unflatten(flat)
+
+
+def _copy_folder_files(model_dir: str, out: str) -> None:
+    """The folder's config, tokenizer and generation files to out/hf/; its SentencePiece model to vocab/spm.model."""
+    from t5x_lite import storage
+
+    names = [n for n in sorted(os.listdir(model_dir))
+             if os.path.isfile(os.path.join(model_dir, n)) and not WEIGHT_FILE.fullmatch(n)]
+    storage.makedirs(storage.join(out, HF_SUBDIR))
+    for name in names:
+        storage.copy(os.path.join(model_dir, name), storage.join(out, HF_SUBDIR, name))
+    spm = next((n for n in SENTENCEPIECE_FILES if n in names), None)
+    if spm:
+        storage.makedirs(storage.join(out, "vocab"))
+        storage.copy(os.path.join(model_dir, spm), storage.join(out, "vocab", "spm.model"))
+
+
+def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str = "float32",
+          max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, log: Callable[[str], None] = print) -> list[str]:
+    """Writes the checkpoint `checkpoint_path` (a model directory or a step directory) as a Hugging
+    Face folder `out` (config.json, safetensors, tokenizer files where it can); returns the weight files."""
+    from t5x_lite import checkpoint
+    from t5x_lite.models import config_from_dict
+
+    if dtype not in OUTPUT_DTYPES:
+        raise ConversionError(f"--dtype={dtype!r}; choose one of {list(OUTPUT_DTYPES)}.")
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise ConversionError(f"{out} already exists and is not empty; nothing was written. Choose a new --out.")
+    try:
+        model_dir, step = checkpoint.locate(checkpoint_path, step)
+    except checkpoint.CheckpointNotFoundError as e:
+        raise ConversionError(str(e)) from None
+    reader = checkpoint.Checkpointer(model_dir, create=False)
+    try:
+        metadata = reader.metadata(step)
+        model = config_from_dict(metadata["family"], metadata["model"])
+        family = families.for_model(model)
+        base = _hf_base_config(model_dir)
+        hf_config = {**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype}
+        dims = family.dims(hf_config)
+        mapping = family.mapping(model)
+        steps = rules.expand(mapping, scanned=model.scan_layers, dims=dims)
+        _check_checkpoint_shapes(reader.state_shapes(step)["params"], abstract_params(model), model_dir, step)
+        out_dtype = np.dtype(safetensors_files.DTYPES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]])
+        specs = [safetensors_files.TensorSpec(name, shape, out_dtype)
+                 for s in steps for name, shape in zip(s.hf, s.hf_shapes)]
+        partial = f"{out.rstrip('/')}.partial-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+        try:
+            files = safetensors_files.write(partial, specs, _tensors_from_checkpoint(steps, reader, step, out_dtype),
+                                            max_shard_bytes=max_shard_bytes)
+            with open(os.path.join(partial, CONFIG_FILE), "w") as f:
+                json.dump(hf_config, f, indent=2, sort_keys=True)
+            tokenizer_note = _write_tokenizer(model_dir, partial, family)
+            if os.path.isdir(out):
+                os.rmdir(out)  # empty (checked above)
+            os.rename(partial, out)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    finally:
+        reader.close()
+    log(f"Wrote {family.ARCHITECTURE} ({len(specs)} tensors, {dtype}, {len(files)} file(s)) from {model_dir} "
+        f"step {step} to {out}. {tokenizer_note}")
+    return files
+
+
+def _hf_base_config(model_dir: str) -> dict[str, Any]:
+    """A converted directory's original config.json (token ids and other fields t5x_lite does not model)."""
+    from t5x_lite import storage
+
+    path = storage.join(model_dir, HF_SUBDIR, CONFIG_FILE)
+    if not storage.exists(path):
+        return {}
+    with storage.open(path, "rb") as f:
+        config = json.load(f)
+    # transformers' bookkeeping, rewritten by whichever version loads the folder.
+    for key in ("transformers_version", "_name_or_path"):
+        config.pop(key, None)
+    return config
+
+
+def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:
+    from t5x_lite.init_from import flatten
+
+    saved_shapes = {k: tuple(v.shape) for k, v in flatten(dict(saved)).items()}
+    problems = [f"missing parameter {k}" for k in sorted(set(abstract) - set(saved_shapes))]
+    problems += [f"parameter {k} has shape {list(saved_shapes[k])}, but the saved model config gives "
+                 f"{list(abstract[k].shape)}" for k in sorted(set(abstract) & set(saved_shapes))
+                 if saved_shapes[k] != tuple(abstract[k].shape)]
+    problems += [f"unexpected parameter {k}" for k in sorted(set(saved_shapes) - set(abstract))]
+    if problems:
+        raise ConversionError(f"The checkpoint at step {step} in {model_dir} does not match its own model config:\n  "
+                              + "\n  ".join(problems[:20]))
+
+
+def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int,
+                             dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
+    """Each step's tensors in order; a scanned array is read once and kept while its layers are converted."""
+    from t5x_lite.init_from import flatten
+
+    held: dict[str, np.ndarray] = {}
+    for s in steps:
+        if set(held) != set(s.ours):
+            wanted = set(s.ours)
+            held = {k: np.asarray(v) for k, v in flatten(reader.restore_params(step, only=wanted.__contains__)).items()}
+        arrays = [held[p] if s.layer is None else held[p][s.layer] for p in s.ours]
+        for name, shape, tensor in zip(s.hf, s.hf_shapes, s.transform.to_hf(*arrays)):
+            if tuple(tensor.shape) != shape:
+                raise AssertionError(f"{name}: converted to {tensor.shape}, expected {shape}")
+            yield name, np.asarray(tensor).astype(dtype)
+
+
+def _write_tokenizer(model_dir: str, folder: str, family: ModuleType) -> str:
+    """Tokenizer files for the folder: a converted directory's own, else its SentencePiece vocabulary."""
+    from t5x_lite import storage
+
+    hf_dir = storage.join(model_dir, HF_SUBDIR)
+    if storage.exists(hf_dir):
+        copied = []
+        for name in storage.listdir(hf_dir):
+            name = name.rstrip("/")
+            if name != CONFIG_FILE:
+                storage.copy(storage.join(hf_dir, name), os.path.join(folder, name))
+                copied.append(name)
+        return f"Tokenizer and generation files copied from {hf_dir}: {sorted(copied)}."
+    spm = storage.join(model_dir, "vocab", "spm.model")
+    if not storage.exists(spm):
+        return "No tokenizer written: the model directory has no SentencePiece vocabulary (vocab/spm.model)."
+    is_t5 = family.MODEL_TYPE == "t5"
+    storage.copy(spm, os.path.join(folder, "spiece.model" if is_t5 else "tokenizer.model"))
+    tokenizer_config = {"tokenizer_class": "T5Tokenizer" if is_t5 else "LlamaTokenizer"}
+    if not is_t5:
+        tokenizer_config.update(add_bos_token=False, add_eos_token=False)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(tokenizer_config, f, indent=2)
+    return f"Tokenizer: {spm} as a {tokenizer_config['tokenizer_class']}."
