@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (Python 3.11):
 #   make quickstart   venv + pinned install + prepare the embedded corpus + train + eval + sample
-#   make test         the full test suite (.ci/run calls exactly this)
+#   make test         the full test suite, with CPU PyTorch + transformers (.ci/run calls exactly this)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -30,11 +30,15 @@ install-gpu: install
 install-tpu: install
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tpu.txt
 
-# Optional: CPU PyTorch and its runtime dependencies pinned in requirements/torch.txt, added to
-# the locked environment with --no-deps; only `python -m bench torch_reference` uses it.
+# CPU PyTorch and transformers with their runtime dependencies, pinned in requirements/torch.txt,
+# added to the locked environment with --no-deps: the interop tests compare logits with
+# transformers' models, and `python -m bench torch_reference` uses PyTorch.
 .PHONY: install-torch
-install-torch: install
+install-torch: $(VENV)/.installed-torch
+
+$(VENV)/.installed-torch: requirements/torch.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/torch.txt
+	touch $@
 
 data: $(DATA_DIR)/metadata.json
 
@@ -47,7 +51,7 @@ quickstart: install data
 	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
 
 # The generated configuration reference must match the code (and document every parameter).
-test: install
+test: install install-torch
 	$(BIN)/t5x-lite config reference --out=docs/config_reference.md --check
 	$(BIN)/python -m pytest -q -n 2 tests
 

@@ -207,16 +207,19 @@ class Checkpointer:
         ))
         return restored["state"], restored["data_iterator"], restored["metadata"]
 
-    def restore_params(self, step: int, *, only: Callable[[str], bool] | None = None) -> Any:
+    def restore_params(self, step: int, *, only: Callable[[str], bool] | None = None,
+                       shapes: Any = None) -> Any:
         """The parameters of a step, on this process's first device, whatever mesh saved them.
 
         `only('decoder/layers/attention/query/kernel')` picks which arrays are read (a converter
         reads a checkpoint one array at a time this way); the others are left out of the tree.
+        `shapes`: the step's `state_shapes()["params"]`, when the caller already has them (reading
+        them takes longer than restoring a small array).
         """
         self._ready(step)
         device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              self.state_shapes(step)["params"])
+                              self.state_shapes(step)["params"] if shapes is None else shapes)
         if only is not None:
             target = _select(target, only)
         # A partial restore (the optimizer state is not read) needs the PyTree handler itself.

@@ -6,7 +6,8 @@ checkpoint of float32 parameters, with model.gin, the vocabulary (a SentencePiec
 folder has one) and the folder's other files under hf/.
 
 `to_hf`: a checkpoint's model config -> config.json, then each parameter array read alone from
-the checkpoint (whatever mesh saved it) and its tensors streamed into safetensors files.
+the checkpoint (whatever mesh saved it) and its tensors streamed into safetensors files; the
+tokenizer files of a from-hf conversion (hf/) are copied back.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import os
 import re
 import shutil
-from types import ModuleType
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -179,7 +179,8 @@ def _copy_folder_files(model_dir: str, out: str) -> None:
 def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str = "float32",
           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, log: Callable[[str], None] = print) -> list[str]:
     """Writes the checkpoint `checkpoint_path` (a model directory or a step directory) as a Hugging
-    Face folder `out` (config.json, safetensors, tokenizer files where it can); returns the weight files."""
+    Face folder `out` (config.json, safetensors, and the tokenizer files of a from-hf conversion);
+    returns the weight files."""
     from t5x_lite import checkpoint
     from t5x_lite.models import config_from_dict
 
@@ -196,24 +197,25 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
         metadata = reader.metadata(step)
         model = config_from_dict(metadata["family"], metadata["model"])
         family = families.for_model(model)
-        base = _hf_base_config(model_dir)
+        base = _hf_base_config(model_dir) or _token_ids(model_dir)
         hf_config = {**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype}
         dims = family.dims(hf_config)
         mapping = family.mapping(model)
         steps = rules.expand(mapping, scanned=model.scan_layers, dims=dims)
-        _check_checkpoint_shapes(reader.state_shapes(step)["params"], abstract_params(model), model_dir, step)
+        saved_shapes = reader.state_shapes(step)["params"]
+        _check_checkpoint_shapes(saved_shapes, abstract_params(model), model_dir, step)
         out_dtype = np.dtype(safetensors_files.DTYPES[{"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[dtype]])
         specs = [safetensors_files.TensorSpec(name, shape, out_dtype)
                  for s in steps for name, shape in zip(s.hf, s.hf_shapes)]
-        partial = f"{out.rstrip('/')}.partial-{os.getpid()}"
+        partial = f"{out.rstrip('/')}.partial"  # an interrupted conversion's leftovers are replaced
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
         try:
-            files = safetensors_files.write(partial, specs, _tensors_from_checkpoint(steps, reader, step, out_dtype),
+            files = safetensors_files.write(partial, specs, _tensors_from_checkpoint(steps, reader, step, saved_shapes, out_dtype),
                                             max_shard_bytes=max_shard_bytes)
             with open(os.path.join(partial, CONFIG_FILE), "w") as f:
                 json.dump(hf_config, f, indent=2, sort_keys=True)
-            tokenizer_note = _write_tokenizer(model_dir, partial, family)
+            tokenizer_note = _write_tokenizer(model_dir, partial)
             if os.path.isdir(out):
                 os.rmdir(out)  # empty (checked above)
             os.rename(partial, out)
@@ -242,6 +244,21 @@ def _hf_base_config(model_dir: str) -> dict[str, Any]:
     return config
 
 
+def _token_ids(model_dir: str) -> dict[str, int]:
+    """pad/eos/bos ids of the directory's SentencePiece vocabulary (vocab/spm.model), for generation."""
+    from t5x_lite import storage
+
+    path = storage.join(model_dir, "vocab", "spm.model")
+    if not storage.exists(path):
+        return {}
+    import sentencepiece
+
+    with storage.open(path, "rb") as f:
+        vocabulary = sentencepiece.SentencePieceProcessor(model_proto=f.read())
+    ids = {"pad_token_id": vocabulary.pad_id(), "eos_token_id": vocabulary.eos_id(), "bos_token_id": vocabulary.bos_id()}
+    return {k: v for k, v in ids.items() if v >= 0}
+
+
 def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:
     from t5x_lite.init_from import flatten
 
@@ -256,7 +273,7 @@ def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: st
                               + "\n  ".join(problems[:20]))
 
 
-def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int,
+def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int, saved_shapes: Any,
                              dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
     """Each step's tensors in order; a scanned array is read once and kept while its layers are converted."""
     from t5x_lite.init_from import flatten
@@ -265,7 +282,8 @@ def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int,
     for s in steps:
         if set(held) != set(s.ours):
             wanted = set(s.ours)
-            held = {k: np.asarray(v) for k, v in flatten(reader.restore_params(step, only=wanted.__contains__)).items()}
+            held = {k: np.asarray(v) for k, v in flatten(reader.restore_params(step, only=wanted.__contains__,
+                                                                          shapes=saved_shapes)).items()}
         arrays = [held[p] if s.layer is None else held[p][s.layer] for p in s.ours]
         for name, shape, tensor in zip(s.hf, s.hf_shapes, s.transform.to_hf(*arrays)):
             if tuple(tensor.shape) != shape:
@@ -273,8 +291,13 @@ def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int,
             yield name, np.asarray(tensor).astype(dtype)
 
 
-def _write_tokenizer(model_dir: str, folder: str, family: ModuleType) -> str:
-    """Tokenizer files for the folder: a converted directory's own, else its SentencePiece vocabulary."""
+def _write_tokenizer(model_dir: str, folder: str) -> str:
+    """A converted directory's own tokenizer files (hf/), copied as they came; returns what was done.
+
+    A vocabulary that t5x-lite prepare trained is not written: transformers' SentencePiece-based
+    tokenizer classes assume other normalisation settings (a dummy prefix, whitespace handling)
+    and would give other token ids than the model was trained on.
+    """
     from t5x_lite import storage
 
     hf_dir = storage.join(model_dir, HF_SUBDIR)
@@ -286,14 +309,5 @@ def _write_tokenizer(model_dir: str, folder: str, family: ModuleType) -> str:
                 storage.copy(storage.join(hf_dir, name), os.path.join(folder, name))
                 copied.append(name)
         return f"Tokenizer and generation files copied from {hf_dir}: {sorted(copied)}."
-    spm = storage.join(model_dir, "vocab", "spm.model")
-    if not storage.exists(spm):
-        return "No tokenizer written: the model directory has no SentencePiece vocabulary (vocab/spm.model)."
-    is_t5 = family.MODEL_TYPE == "t5"
-    storage.copy(spm, os.path.join(folder, "spiece.model" if is_t5 else "tokenizer.model"))
-    tokenizer_config = {"tokenizer_class": "T5Tokenizer" if is_t5 else "LlamaTokenizer"}
-    if not is_t5:
-        tokenizer_config.update(add_bos_token=False, add_eos_token=False)
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config, f, indent=2)
-    return f"Tokenizer: {spm} as a {tokenizer_config['tokenizer_class']}."
+    return (f"No tokenizer written: {model_dir} has no Hugging Face tokenizer files ({HF_SUBDIR}/ of a from-hf "
+            "conversion); its SentencePiece vocabulary, if any, is vocab/spm.model.")

@@ -2,7 +2,7 @@
 LayerNorm, GELU MLP, biases, tied embeddings).
 
 GPT-2's projections are `Conv1D`s, which keep weights as [in, out] like a Dense kernel, and its
-attention has one fused q|k|v projection (`c_attn`) that t5x_lite keeps as three.
+attention has one fused q, k, v projection (`c_attn`) that t5x_lite keeps as three.
 """
 
 from __future__ import annotations

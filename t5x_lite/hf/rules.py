@@ -64,7 +64,7 @@ def fused_qkv(num_heads: int, head_dim: int) -> Transform:
     def to_hf(q, k, v):
         return (np.concatenate([a.reshape(*a.shape[:-2], num_heads * head_dim) for a in (q, k, v)], axis=-1),)
 
-    return Transform(to_ours, to_hf, "q|k|v concatenated on the last axis, each split into (heads, head_dim)")
+    return Transform(to_ours, to_hf, "q, k and v concatenated on the last axis, each split into (heads, head_dim)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,7 +51,7 @@ class TensorFiles:
         else:
             present = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
             hint = (" PyTorch .bin weights are not read: load the model in transformers and re-save it with "
-                    "save_pretrained(..., safe_serialization=True)." if any(p.endswith(".bin") for p in present) else "")
+                    "save_pretrained (which writes safetensors)." if any(p.endswith(".bin") for p in present) else "")
             raise ConversionError(f"{folder} holds no {SINGLE_FILE} and no {INDEX_FILE} (files: {present[:10]}).{hint}")
         self._stack = contextlib.ExitStack()
         self._handles = {}

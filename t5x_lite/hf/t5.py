@@ -75,7 +75,7 @@ def config_to_hf(cfg: T5Config) -> dict[str, Any]:
         "relative_attention_max_distance": cfg.relative_attention_max_distance,
         "layer_norm_epsilon": 1e-6 if cfg.norm_epsilon is None else cfg.norm_epsilon,
         "tie_word_embeddings": cfg.tie_embeddings, "is_encoder_decoder": True, "dropout_rate": 0.0,
-        "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1,
+        "decoder_start_token_id": 0,
     }
 
 
