@@ -29,16 +29,24 @@ class RestoredModel:
         return storage.join(self.model_dir, "vocab", "spm.model")
 
     def vocabulary(self):
-        """The run's SentencePiece vocabulary (MODEL_DIR/vocab/spm.model), for text prompts."""
+        """The vocabulary text is tokenized with: the run's SentencePiece model (MODEL_DIR/vocab/spm.model),
+        else the tokenizer.json of a converted Hugging Face model (MODEL_DIR/hf/, docs/interop.md)."""
         from t5x_lite.errors import TaskDataError
 
-        if not storage.exists(self.vocabulary_file):
-            raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a "
-                                "SentencePiece vocabulary), so text cannot be tokenized for it; use a seqio task "
-                                "whose features carry the vocabulary instead.")
-        import seqio
+        if storage.exists(self.vocabulary_file):
+            import seqio
 
-        return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
+            return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
+        tokenizer_json = storage.join(self.model_dir, "hf", "tokenizer.json")
+        if storage.exists(tokenizer_json):
+            from t5x_lite.hf.tokenizer import TokenizerJsonVocabulary
+
+            with storage.open(storage.join(self.model_dir, "hf", "config.json"), "rb") as f:
+                eos_id = json.load(f).get("eos_token_id")
+            return TokenizerJsonVocabulary(tokenizer_json, eos_id=eos_id if isinstance(eos_id, int) else None)
+        raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a SentencePiece "
+                            "vocabulary) and no hf/tokenizer.json, so text cannot be tokenized for it; use a seqio task "
+                            "whose features carry the vocabulary instead.")
 
 
 def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None) -> RestoredModel:

@@ -74,24 +74,6 @@ def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
     assert losses(straight.stdout)[-1] == losses(resumed.stdout)[-1]
 
 
-def test_init_from_starts_a_fine_tune_and_resuming_says_it_is_not_used(data_dir, trained_run, tmp_path):
-    source, source_stdout = trained_run
-    source_losses = losses(source_stdout)
-    args = ["--gin.train.init_from=@InitFrom()", f"--gin.InitFrom.checkpoint='{source}'",
-            "--gin.OptimizerConfig.peak_learning_rate=1e-3", "--gin.train.log_period=1"]
-    first = train(data_dir, tmp_path / "tune", "--gin.TRAIN_STEPS=2", *args)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "starting from train.init_from" in first.stdout
-    assert "Initialised 12 of 12 parameter arrays" in first.stdout
-    # Started from the trained weights: where the source run ended, far below its first step.
-    assert source_losses[-1] < source_losses[0] - 0.5
-    assert losses(first.stdout)[0] < source_losses[-1] + 0.1
-    again = train(data_dir, tmp_path / "tune", "--gin.TRAIN_STEPS=3", *args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "Resuming from the checkpoint at step 2" in again.stdout
-    assert "train.init_from" in again.stdout and "is not used" in again.stdout
-
-
 def test_nan_loss_stops_before_a_checkpoint_of_it(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "nan", "--gin.TRAIN_STEPS=12", "--gin.train.checkpoint_period=3",
                    "--gin.train.log_period=100", "--gin.OptimizerConfig.peak_learning_rate=1e12",

@@ -309,38 +309,109 @@ def test_a_model_without_a_hugging_face_counterpart_names_its_fields(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_converted_gpt2_continues_training_and_converts_back(data_dir, tmp_path, capsys):
-    """from-hf (the command), then `t5x-lite train` from it with init_from: the loss falls; the
-    trained run converts back and transformers computes the same logits as the trained params."""
-    hf = tmp_path / "gpt2"
-    build_hf_model("gpt2", vocab_size=VOCAB, noise=0.0).save_pretrained(hf)
+def test_a_trained_run_through_hugging_face_fine_tunes_from_where_it_ended(data_dir, trained_run, tmp_path, capsys):
+    """The CLI's trained tiny run -> to-hf (transformers computes its logits) -> `convert from-hf`
+    (unrolled) -> `t5x-lite train` with init_from: the fine-tune starts where the run ended, its
+    loss falls, and a restart resumes its own checkpoint, saying init_from is not used."""
+    source, source_stdout = trained_run
+    hf = tmp_path / "hf"
+    convert.to_hf(str(source), str(hf), log=lambda _: None)
+    restored = restored_model.restore(str(source))
+    inputs = np.random.default_rng(0).integers(1, VOCAB, size=(2, 32))
+    assert_logits_agree(our_logits(restored.config, restored.params, inputs, None),
+                        hf_logits(_load_hf(hf), inputs, None))
+    # The run has no hf/ files; its token ids come from the vocabulary it was trained with.
+    config = json.loads((hf / "config.json").read_text())
+    assert (config["pad_token_id"], config["eos_token_id"]) == (0, 1) and "bos_token_id" not in config
+
     converted = tmp_path / "converted"
     assert command.main(["from-hf", f"--model_dir={hf}", f"--out={converted}", "--scan_layers=false"]) == 0
     assert f"Model gin file: {converted / 'model.gin'}" in capsys.readouterr().out
 
-    run = tmp_path / "run"
-    result = run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin_file={converted / 'model.gin'}",
-                     f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR='{run}'", "--gin.TRAIN_STEPS=12",
-                     "--gin.SEQUENCE_LENGTH=64", "--gin.BATCH_SIZE=8", "--gin.train.log_period=1",
-                     "--gin.train.eval_batches=1", "--gin.train.sample_prompt=None",
-                     "--gin.train.checkpoint_period=12", "--gin.OptimizerConfig.warmup_steps=2",
-                     "--gin.train.init_from=@InitFrom()", f"--gin.InitFrom.checkpoint='{converted}'")
-    assert result.returncode == 0, result.stderr[-3000:]
-    output = result.stdout + result.stderr
-    count = len(flatten(restored_model.restore(str(converted)).params))
-    assert f"Initialised {count} of {count} parameter arrays from {converted} step 0" in output
-    trained = losses(result.stdout)
-    assert len(trained) == 12 and trained[-1] < trained[0] - 0.5, trained
+    def fine_tune(steps: int):
+        result = run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin_file={converted / 'model.gin'}",
+                         f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR='{tmp_path / 'tune'}'",
+                         f"--gin.TRAIN_STEPS={steps}", "--gin.SEQUENCE_LENGTH=64", "--gin.BATCH_SIZE=8",
+                         "--gin.train.log_period=1", "--gin.train.eval_batches=1", "--gin.train.sample_prompt=None",
+                         "--gin.OptimizerConfig.warmup_steps=1", "--gin.train.init_from=@InitFrom()",
+                         f"--gin.InitFrom.checkpoint='{converted}'")
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout + result.stderr
 
-    back = tmp_path / "gpt2_trained"
-    convert.to_hf(str(run), str(back), log=lambda _: None)
-    # The run has no hf/ files; its token ids come from the vocabulary it was trained with.
-    config = json.loads((back / "config.json").read_text())
-    assert (config["pad_token_id"], config["eos_token_id"]) == (0, 1) and "bos_token_id" not in config
-    restored = restored_model.restore(str(run))
-    inputs = np.random.default_rng(0).integers(1, VOCAB, size=(2, 32))
-    assert_logits_agree(our_logits(restored.config, restored.params, inputs, None),
-                        hf_logits(_load_hf(back), inputs, None))
-    # The run's params differ from the converted ones: the comparison is of the trained model.
-    start = flatten(restored_model.restore(str(converted)).params)
-    assert not np.array_equal(start["token_embed/embedding"], flatten(restored.params)["token_embed/embedding"])
+    first = fine_tune(8)
+    count = len(flatten(restored_model.restore(str(converted)).params))  # unrolled: one array per layer
+    assert "starting from train.init_from" in first
+    assert f"Initialised {count} of {count} parameter arrays from {converted} step 0" in first
+    # Started from the trained weights (they survived the trip through Hugging Face's layout):
+    # where the source run ended, far below its first step; and the loss keeps falling.
+    source_losses, tuned = losses(source_stdout), losses(first)
+    assert source_losses[-1] < source_losses[0] - 0.5
+    assert tuned[0] < source_losses[-1] + 0.1 and len(tuned) == 8
+    assert tuned[-1] < tuned[0], tuned
+    again = fine_tune(9)
+    assert "Resuming from the checkpoint at step 8" in again
+    assert "train.init_from" in again and "is not used" in again
+
+
+# -- a converted GPT-2 with its own tokenizer ------------------------------------------------------
+
+TEXTS = ["The cat sat on the mat.", "A dog ran in the park and the cat watched.", "Birds sing in the morning.",
+         "She opened the door and walked outside.", "He poured the water into the glass."] * 4
+
+
+def _byte_level_bpe(vocab_size: int):
+    """A GPT-2 style byte-level BPE tokenizer trained here (nothing downloaded)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(TEXTS, trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tokenizer
+
+
+def test_a_converted_gpt2_scores_multiple_choice_with_its_own_tokenizer(tmp_path):
+    """The HellaSwag scorer on a GPT-2 conversion: text through the folder's tokenizer.json, the
+    endings' log-likelihoods equal to transformers' own."""
+    from t5x_lite import evaluation
+    from t5x_lite.eval_loop import MultipleChoiceEval, score_multiple_choice_set
+
+    tokenizer = _byte_level_bpe(300)
+    eos = tokenizer.token_to_id("<|endoftext|>")
+    model = build_hf_model("gpt2", vocab_size=300)
+    model.config.bos_token_id = model.config.eos_token_id = eos
+    model.save_pretrained(tmp_path / "gpt2")
+    tokenizer.save(str(tmp_path / "gpt2" / "tokenizer.json"))
+    convert.from_hf(str(tmp_path / "gpt2"), str(tmp_path / "ours"), log=lambda _: None)
+    restored = restored_model.restore(str(tmp_path / "ours"))
+    vocabulary = restored.vocabulary()
+    assert vocabulary.eos_id == eos
+    assert vocabulary.encode(TEXTS[1]) == tokenizer.encode(TEXTS[1]).ids
+    assert vocabulary.decode(vocabulary.encode(TEXTS[1]) + [eos, 5]) == TEXTS[1]
+
+    examples = [{"context": "The cat", "endings": ["sat on the mat.", "ran in the park.", "sings.", "glass"],
+                 "label": 0},
+                {"context": "He poured the", "endings": ["door.", "water into the glass.", "morning", "cat"],
+                 "label": 1},
+                {"context": "Birds", "endings": ["watched.", "opened the door.", "sing in the morning.", "mat"],
+                 "label": 2}]
+    path = tmp_path / "hellaswag.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in examples))
+    ours = score_multiple_choice_set(MultipleChoiceEval(str(path)), model=restored.config, params=restored.params,
+                                     encode=vocabulary.encode)
+
+    requests = [(vocabulary.encode(e["context"]), vocabulary.encode(" " + ending))
+                for e in examples for ending in e["endings"]]
+    our_ll = [ll for ll, _, _ in evaluation.continuation_logprobs(model=restored.config, params=restored.params,
+                                                                   requests=requests, batch_size=4)]
+    hf_ll = []
+    for context, continuation in requests:  # the scorer conditions on [BOS] + context, as lm-eval does
+        ids = torch.tensor([[evaluation.BOS_ID, *context, *continuation]])
+        with torch.no_grad():
+            logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+        targets = ids[0, 1:]
+        hf_ll.append(float(logprobs[torch.arange(len(targets)), targets][len(context):].sum()))
+    np.testing.assert_allclose(our_ll, hf_ll, rtol=1e-4, atol=1e-4)
+    picks = np.asarray(hf_ll).reshape(len(examples), 4).argmax(axis=1)
+    assert ours["acc"] == np.mean(picks == [e["label"] for e in examples])

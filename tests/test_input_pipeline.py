@@ -71,10 +71,16 @@ def test_same_seed_same_stream(task):
     assert_same_batches(a, b)
 
 
-@pytest.mark.parametrize("taken", [0, 3, "end_of_epoch_0", "mid_epoch_1"])
-def test_restored_state_continues_the_same_stream(task, taken):
+@pytest.fixture(scope="module")
+def whole_stream(task):
+    """(every batch of the default iterator, batches per epoch), read once for the restore tests."""
     full = list(make_iterator(task))
-    per_epoch = len(split_epochs(make_iterator(task))[0])
+    return full, len(split_epochs(make_iterator(task))[0])
+
+
+@pytest.mark.parametrize("taken", [0, 3, "end_of_epoch_0", "mid_epoch_1"])
+def test_restored_state_continues_the_same_stream(task, whole_stream, taken):
+    full, per_epoch = whole_stream
     n = {"end_of_epoch_0": per_epoch, "mid_epoch_1": per_epoch + 2}.get(taken, taken)
     first = make_iterator(task)
     for _ in range(n):
