@@ -1,8 +1,9 @@
 """A trained model read back for evaluation and inference: its config, params and vocabulary.
 
 Everything comes from the model directory (the checkpoint's metadata gives the model's sizes,
-vocab/spm.model the vocabulary), so no model gin file is needed. A model config that is given
-anyway must match the checkpoint, or the run stops naming the fields that differ.
+vocab/spm.model the vocabulary, or hf/tokenizer.json for a converted Hugging Face model), so no
+model gin file is needed. A model config that is given anyway must match the checkpoint, or the
+run stops naming the fields that differ.
 """
 
 from __future__ import annotations

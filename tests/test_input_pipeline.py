@@ -243,9 +243,9 @@ def simulated_processes(task: str, num_processes: int, num_epochs: int) -> list[
             for i in range(num_processes)]
 
 
-@pytest.mark.parametrize("num_processes", [2, 4])
-def test_processes_read_disjoint_shards_and_step_together(id_task, num_processes):
-    iterators = simulated_processes(id_task, num_processes, num_epochs=2)
+def test_processes_read_disjoint_shards_and_step_together(id_task):
+    """Four simulated processes (two run for real in tests/test_slurm.py and test_distributed.py)."""
+    iterators = simulated_processes(id_task, 4, num_epochs=2)
     epochs: list[list[dict]] = [[]]
     per_process_epoch: list[list[Counter]] = [[Counter() for _ in iterators]]
     while True:
