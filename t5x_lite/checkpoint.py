@@ -343,20 +343,26 @@ def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
             for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
 
 
+def structure_differences(saved_shapes: Any, wanted: Any, *, limit: int = 8) -> list[str]:
+    """One line per array whose presence or shape differs between two trees of shapes
+    (at most `limit` of each kind), named by its '/'-joined path."""
+    saved, want = _shapes_by_path(saved_shapes), _shapes_by_path(wanted)
+    missing = sorted(set(want) - set(saved))
+    extra = sorted(set(saved) - set(want))
+    shapes = sorted(k for k in set(saved) & set(want) if saved[k] != want[k])
+    return ([f"missing from the checkpoint: {k}" for k in missing[:limit]]
+            + [f"in the checkpoint only: {k}" for k in extra[:limit]]
+            + [f"{k}: checkpoint {saved[k]} vs config {want[k]}" for k in shapes[:limit]])
+
+
 def check_same_structure(saved_shapes: Any, abstract_state: Any, *, step: int, model_dir: str) -> None:
     """Raises CheckpointMismatchError naming the arrays whose presence or shape differ.
 
     Tells a changed configuration (another optimizer, other sizes) apart from a damaged file.
     """
-    saved, wanted = _shapes_by_path(saved_shapes), _shapes_by_path(abstract_state)
-    missing = sorted(set(wanted) - set(saved))
-    extra = sorted(set(saved) - set(wanted))
-    shapes = sorted(k for k in set(saved) & set(wanted) if saved[k] != wanted[k])
-    if not (missing or extra or shapes):
+    lines = structure_differences(saved_shapes, abstract_state)
+    if not lines:
         return
-    lines = [f"missing from the checkpoint: {k}" for k in missing[:8]]
-    lines += [f"in the checkpoint only: {k}" for k in extra[:8]]
-    lines += [f"{k}: checkpoint {saved[k]} vs config {wanted[k]}" for k in shapes[:8]]
     raise CheckpointMismatchError(
         f"The checkpoint at step {step} in {checkpoints_dir(model_dir)} does not fit this run's train state "
         f"(model or optimizer changed?):\n  " + "\n  ".join(lines)

@@ -90,6 +90,7 @@ def model_gin(model: Any, *, header: str) -> str:
 def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable[[str], None] = print) -> str:
     """Converts the Hugging Face folder `model_dir` into the t5x_lite model directory `out`; returns model.gin's path."""
     from t5x_lite import checkpoint, storage
+    from t5x_lite.init_from import unflatten
 
     hf_config = read_hf_config(model_dir)
     family = families.for_hf_config(hf_config)
@@ -125,7 +126,7 @@ def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable
     # Written last: a model directory with a checkpoint is a complete conversion.
     writer = checkpoint.Checkpointer(out, async_save=False)
     try:
-        writer.save(0, state={"step": np.int32(0), "params": _unflatten(params)}, iterator_state={},
+        writer.save(0, state={"step": np.int32(0), "params": unflatten(params)}, iterator_state={},
                     metadata=metadata, config_text=gin_text)
     finally:
         writer.close()
@@ -153,12 +154,6 @@ def _params_from_tensors(steps: list[rules.Step], files: safetensors_files.Tenso
     if missing:
         raise AssertionError(f"no rule fills {missing}")
     return params
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    from t5x_lite.init_from import unflatten
-
-    return unflatten(flat)
 
 
 def _copy_folder_files(model_dir: str, out: str) -> None:
@@ -260,17 +255,13 @@ def _token_ids(model_dir: str) -> dict[str, int]:
 
 
 def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:
-    from t5x_lite.init_from import flatten
+    from t5x_lite import checkpoint
+    from t5x_lite.init_from import unflatten
 
-    saved_shapes = {k: tuple(v.shape) for k, v in flatten(dict(saved)).items()}
-    problems = [f"missing parameter {k}" for k in sorted(set(abstract) - set(saved_shapes))]
-    problems += [f"parameter {k} has shape {list(saved_shapes[k])}, but the saved model config gives "
-                 f"{list(abstract[k].shape)}" for k in sorted(set(abstract) & set(saved_shapes))
-                 if saved_shapes[k] != tuple(abstract[k].shape)]
-    problems += [f"unexpected parameter {k}" for k in sorted(set(saved_shapes) - set(abstract))]
+    problems = checkpoint.structure_differences(saved, unflatten(abstract), limit=20)
     if problems:
         raise ConversionError(f"The checkpoint at step {step} in {model_dir} does not match its own model config:\n  "
-                              + "\n  ".join(problems[:20]))
+                              + "\n  ".join(problems))
 
 
 def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int, saved_shapes: Any,

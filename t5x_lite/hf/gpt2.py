@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from t5x_lite.hf.config_json import choice, require
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.hf.rules import IDENTITY, Mapping, Stack, Rule, fused_qkv, rule, split_first
 from t5x_lite.models.decoder_only import DecoderConfig
@@ -24,9 +25,7 @@ TO_HF_ACTIVATION = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu", "s
 def dims(hf: dict[str, Any]) -> dict[str, Any]:
     """config.json with the defaults transformers fills in (n_inner, and head_dim = n_embd / n_head)."""
     out = dict(hf)
-    for field in ("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"):
-        if field not in out:
-            raise ConversionError(f"config.json has no {field!r}, which a {ARCHITECTURE} needs.")
+    require(out, ("n_embd", "n_head", "n_layer", "n_positions", "vocab_size"), ARCHITECTURE)
     if out["n_embd"] % out["n_head"]:
         raise ConversionError(f"config.json n_embd={out['n_embd']} is not a multiple of n_head={out['n_head']}.")
     if out.get("n_inner") is None:
@@ -37,10 +36,7 @@ def dims(hf: dict[str, Any]) -> dict[str, Any]:
 
 def config_from_hf(hf: dict[str, Any], *, scan_layers: bool) -> DecoderConfig:
     d = dims(hf)
-    activation = d.get("activation_function", "gelu_new")
-    if activation not in ACTIVATIONS:
-        raise ConversionError(f"config.json activation_function={activation!r} is not supported; "
-                              f"choose one of {sorted(ACTIVATIONS)}.")
+    activation = choice(d, "activation_function", "gelu_new", ACTIVATIONS)
     unsupported = {"scale_attn_weights": (True, "attention without the 1/sqrt(head_dim) scale"),
                    "scale_attn_by_inverse_layer_idx": (False, "attention scaled by 1/layer"),
                    "add_cross_attention": (False, "cross-attention layers"),
@@ -52,7 +48,7 @@ def config_from_hf(hf: dict[str, Any], *, scan_layers: bool) -> DecoderConfig:
         vocab_size=d["vocab_size"], emb_dim=d["n_embd"], num_heads=d["n_head"], num_kv_heads=d["n_head"],
         head_dim=d["head_dim"], mlp_dim=d["n_inner"], num_layers=d["n_layer"], max_len=d["n_positions"],
         dropout_rate=0.0, dtype="float32", scan_layers=scan_layers, position_embedding="learned", norm="layernorm",
-        norm_epsilon=float(d.get("layer_norm_epsilon", 1e-5)), mlp_activations=(ACTIVATIONS[activation],),
+        norm_epsilon=float(d.get("layer_norm_epsilon", 1e-5)), mlp_activations=(activation,),
         use_bias=True, tie_embeddings=True)
 
 

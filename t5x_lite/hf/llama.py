@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from t5x_lite.hf.config_json import require
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.hf.rules import IDENTITY, TRANSPOSE, Mapping, Stack, linear_from_heads, linear_to_heads, rule
 from t5x_lite.models.decoder_only import DecoderConfig
@@ -31,9 +32,8 @@ def _rope_theta(hf: dict[str, Any]) -> float:
 def dims(hf: dict[str, Any]) -> dict[str, Any]:
     """config.json with the defaults transformers fills in (head_dim, num_key_value_heads)."""
     out = dict(hf)
-    for field in ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"):
-        if field not in out:
-            raise ConversionError(f"config.json has no {field!r}, which a {ARCHITECTURE} needs.")
+    require(out, ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size"),
+            ARCHITECTURE)
     out.setdefault("num_key_value_heads", out["num_attention_heads"])
     if out.get("head_dim") is None:
         out["head_dim"] = out["hidden_size"] // out["num_attention_heads"]

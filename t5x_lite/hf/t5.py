@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from t5x_lite.hf.errors import ConversionError
+from t5x_lite.hf.config_json import choice, require
 from t5x_lite.hf.rules import IDENTITY, TRANSPOSE, Mapping, Stack, linear_from_heads, linear_to_heads, rule
 from t5x_lite.models.encoder_decoder import T5Config
 
@@ -24,9 +24,7 @@ FEED_FORWARD = {"gated-gelu": ("gelu", "linear"), "relu": ("relu",), "gated-relu
 def dims(hf: dict[str, Any]) -> dict[str, Any]:
     """config.json with the defaults transformers fills in (num_decoder_layers = num_layers)."""
     out = dict(hf)
-    for field in ("d_model", "d_kv", "d_ff", "num_heads", "num_layers", "vocab_size"):
-        if field not in out:
-            raise ConversionError(f"config.json has no {field!r}, which a {ARCHITECTURE} needs.")
+    require(out, ("d_model", "d_kv", "d_ff", "num_heads", "num_layers", "vocab_size"), ARCHITECTURE)
     if out.get("num_decoder_layers") is None:
         out["num_decoder_layers"] = out["num_layers"]
     out.setdefault("relative_attention_num_buckets", 32)
@@ -44,14 +42,11 @@ def scales_logits(hf: dict[str, Any]) -> bool:
 
 def config_from_hf(hf: dict[str, Any], *, scan_layers: bool) -> T5Config:
     d = dims(hf)
-    proj = d.get("feed_forward_proj", "relu")
-    if proj not in FEED_FORWARD:
-        raise ConversionError(f"config.json feed_forward_proj={proj!r} is not supported; choose one of "
-                              f"{sorted(FEED_FORWARD)}.")
+    activations = choice(d, "feed_forward_proj", "relu", FEED_FORWARD)
     return T5Config(
         vocab_size=d["vocab_size"], emb_dim=d["d_model"], num_heads=d["num_heads"], head_dim=d["d_kv"],
         mlp_dim=d["d_ff"], num_encoder_layers=d["num_layers"], num_decoder_layers=d["num_decoder_layers"],
-        dropout_rate=0.0, dtype="float32", scan_layers=scan_layers, mlp_activations=FEED_FORWARD[proj],
+        dropout_rate=0.0, dtype="float32", scan_layers=scan_layers, mlp_activations=activations,
         tie_embeddings=scales_logits(d), relative_attention_num_buckets=d["relative_attention_num_buckets"],
         relative_attention_max_distance=d["relative_attention_max_distance"],
         norm_epsilon=float(d.get("layer_norm_epsilon", 1e-6)))
