@@ -6,8 +6,20 @@ import argparse
 import importlib.util
 import sys
 
-from bench import (checkpoint, common, compile_time, decoding, evaluation, gpu_decoders, input_pipeline,
-                   loop_overhead, matmul_peak, remat_memory, throughput, torch_reference)
+from bench import (
+    checkpoint,
+    common,
+    compile_time,
+    decoding,
+    evaluation,
+    gpu_decoders,
+    input_pipeline,
+    loop_overhead,
+    matmul_peak,
+    remat_memory,
+    throughput,
+    torch_reference,
+)
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,

@@ -71,7 +71,7 @@ def model_config(s: dict):
 
 def make_state(cfg) -> tuple[dict, dict]:
     """(the saveable state after one train step, its abstract tree with shardings), as `loops.train` builds them."""
-    from t5x_lite import checkpoint as checkpoint_lib
+    from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 
     trainer = common.make_trainer(cfg)
     example = common.make_batch(cfg, batch=jax.device_count(), length=8)
@@ -200,8 +200,8 @@ def release_memory() -> None:
 
 
 def checkpointer(model_dir: str, *, async_save: bool):
-    from t5x_lite.checkpoint import Checkpointer
-    from t5x_lite.retention import RetentionPolicy
+    from t5x_lite.checkpoints.checkpoint import Checkpointer
+    from t5x_lite.checkpoints.retention import RetentionPolicy
 
     return Checkpointer(model_dir, retention=RetentionPolicy(keep_last=1), create=True, async_save=async_save)
 
@@ -212,13 +212,13 @@ def save_args(num_params: int) -> dict:
 
 
 def step_dir(model_dir: str) -> str:
-    from t5x_lite.checkpoint import checkpoints_dir
+    from t5x_lite.checkpoints.checkpoint import checkpoints_dir
 
     return os.path.join(checkpoints_dir(model_dir), str(STEP))
 
 
 def timed_restore(model_dir: str, abstract: dict) -> float:
-    from t5x_lite.checkpoint import Checkpointer
+    from t5x_lite.checkpoints.checkpoint import Checkpointer
 
     ckpt = Checkpointer(model_dir, create=False, async_save=False)
     try:

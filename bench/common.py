@@ -178,9 +178,9 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def make_trainer(model_config: Any, *, total_steps: int = 10_000):
     """A `Trainer` as `loops.train` builds one: default data-parallel mesh and rules, AdamW."""
-    from t5x_lite import partitioning
-    from t5x_lite import trainer as trainer_lib
-    from t5x_lite.optim import OptimizerConfig
+    from t5x_lite.parallel import partitioning
+    from t5x_lite.training import trainer as trainer_lib
+    from t5x_lite.training.optim import OptimizerConfig
 
     return trainer_lib.Trainer.for_run(model=model_config, optimizer=OptimizerConfig(), total_steps=total_steps,
                                        mesh=partitioning.make_mesh(), rules=partitioning.DEFAULT_RULES)
@@ -212,7 +212,7 @@ def make_batch(model_config: Any, *, batch: int, length: int, inputs_length: int
 
 
 def global_batch(trainer, batch: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
-    from t5x_lite import partitioning
+    from t5x_lite.parallel import partitioning
 
     return partitioning.host_batch_to_global(batch, trainer.batch_sharding)
 
@@ -262,7 +262,7 @@ def timed_steps(step: Callable, state: Any, *args: Any, warmup: int, windows: in
 
 
 def mfu(flops_token: float, tokens_per_second: float, peak: float) -> float:
-    from t5x_lite import metrics
+    from t5x_lite.metrics import arithmetic as metric_math
 
-    return metrics.model_flops_utilization(flops_per_token=flops_token, tokens_per_second=tokens_per_second,
+    return metric_math.model_flops_utilization(flops_per_token=flops_token, tokens_per_second=tokens_per_second,
                                            peak_flops_per_device=peak, num_devices=jax.device_count())

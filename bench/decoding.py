@@ -77,7 +77,7 @@ def time_calls(fn, repeats: int) -> tuple[float, float, list]:
 
 
 def decoder_rows(s: dict) -> list[list]:
-    from t5x_lite import decoding
+    from t5x_lite.inference import decoding
 
     rows = []
     for name in common.strs(s["models"]):
@@ -102,7 +102,7 @@ def decoder_rows(s: dict) -> list[list]:
 
 
 def t5_rows(s: dict) -> list[list]:
-    from t5x_lite import decoding
+    from t5x_lite.inference import decoding
 
     cfg = t5_config(s["dtype"])
     params = init_params(cfg)

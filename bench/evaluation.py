@@ -1,8 +1,8 @@
 """evaluation: eval throughput of strided perplexity and multiple-choice scoring.
 
-`evaluation.perplexity` over --documents random-token documents of --doc_len tokens, with
+`perplexity_eval.perplexity` over --documents random-token documents of --doc_len tokens, with
 windows of the model's max_len and stride max_len (disjoint) and max_len / 2, --batch_size
-windows per call; and `evaluation.score_multiple_choice` over --mc_examples examples of 4
+windows per call; and `multiple_choice.score_multiple_choice` over --mc_examples examples of 4
 endings (a --mc_context-token context and --mc_ending-token endings, from a word-level
 tokenizer made here). Models as in `decoding`: `tiny` and `base`, random init, float32. The
 first pass (compile included) is timed apart; then the best of --repeats passes. Scored tokens/s
@@ -32,7 +32,7 @@ def add_arguments(parser) -> None:
 
 
 def perplexity_rows(s: dict) -> list[list]:
-    from t5x_lite import evaluation
+    from t5x_lite.evaluation import perplexity as perplexity_eval
 
     rows = []
     rng = np.random.default_rng(0)
@@ -42,10 +42,10 @@ def perplexity_rows(s: dict) -> list[list]:
         documents = rng.integers(2, cfg.vocab_size, size=(s["documents"], s["doc_len"])).tolist()
         for stride in (cfg.max_len, cfg.max_len // 2):
             common.progress(f"evaluation: perplexity {name} stride {stride}")
-            first, best, out = time_calls(lambda: evaluation.perplexity(  # noqa: B023
+            first, best, out = time_calls(lambda: perplexity_eval.perplexity(  # noqa: B023
                 model=cfg, params=params, documents=documents, context_length=cfg.max_len, stride=stride,
                 batch_size=s["batch_size"]), s["repeats"])
-            read = sum(min(cfg.max_len, s["doc_len"] - w.begin) for w in evaluation.strided_windows(
+            read = sum(min(cfg.max_len, s["doc_len"] - w.begin) for w in perplexity_eval.strided_windows(
                 s["doc_len"], context_length=cfg.max_len, stride=stride)) * s["documents"]
             rows.append([name, f"{cfg.num_params():,}", cfg.max_len, stride, out["windows"], f"{first:.2f}",
                          f"{best:.2f}", f"{out['tokens'] / best:,.0f}", f"{read / best:,.0f}"])
@@ -53,7 +53,7 @@ def perplexity_rows(s: dict) -> list[list]:
 
 
 def multiple_choice_rows(s: dict) -> list[list]:
-    from t5x_lite import evaluation
+    from t5x_lite.evaluation import multiple_choice
 
     rows = []
     for name in common.strs(s["models"]):
@@ -63,11 +63,11 @@ def multiple_choice_rows(s: dict) -> list[list]:
         encode = lambda text: [2 + int(w[1:]) for w in text.split()]  # noqa: E731
         rng = np.random.default_rng(1)
         sentence = lambda n: " ".join(rng.choice(words, size=n))  # noqa: E731
-        examples = [evaluation.MultipleChoiceExample(
+        examples = [multiple_choice.MultipleChoiceExample(
             context=sentence(s["mc_context"]), endings=tuple(sentence(s["mc_ending"]) for _ in range(4)), label=0)
             for _ in range(s["mc_examples"])]
         common.progress(f"evaluation: multiple choice {name}")
-        first, best, _ = time_calls(lambda: evaluation.score_multiple_choice(  # noqa: B023
+        first, best, _ = time_calls(lambda: multiple_choice.score_multiple_choice(  # noqa: B023
             model=cfg, params=params, examples=examples, encode=encode, batch_size=s["batch_size"]), s["repeats"])
         rows.append([name, f"{cfg.num_params():,}", s["mc_examples"], f"{first:.2f}", f"{best:.2f}",
                      f"{s['mc_examples'] / best:,.1f}"])

@@ -27,7 +27,7 @@ import statistics
 import jax
 
 from bench import common
-from t5x_lite import trainer as trainer_lib
+from t5x_lite.training import trainer as trainer_lib
 
 DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
             "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
@@ -61,8 +61,7 @@ def add_arguments(parser) -> None:
 
 def gin_model(name: str):
     import gin
-
-    from t5x_lite import config
+    from t5x_lite.config import parsing as config
 
     config.parse(gin_files=[f"models/{name}.gin"])
     return gin.query_parameter("%MODEL").scoped_configurable_fn()

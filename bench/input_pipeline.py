@@ -38,7 +38,7 @@ def add_arguments(parser) -> None:
 def prepare_corpus(out_dir: str, quick: bool) -> dict:
     import sysconfig
 
-    from t5x_lite import prepare
+    from t5x_lite.data import prepare
 
     stdlib = sysconfig.get_paths()["stdlib"]
     inputs = [os.path.join(stdlib, "json"), os.path.join(stdlib, "urllib")] if quick else [prepare.PYTHON_STDLIB]
@@ -47,9 +47,9 @@ def prepare_corpus(out_dir: str, quick: bool) -> dict:
 
 
 def iterator_for(task: str, s: dict, **kwargs):
-    from t5x_lite import data, input_pipeline
+    from t5x_lite.data import input_pipeline, task_access
 
-    config = data.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
+    config = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
     return input_pipeline.BatchIterator(config, num_epochs=None, host_batch_size=s["batch_size"], **kwargs)
 
 
@@ -65,7 +65,7 @@ def pipeline_tokens_per_second(task: str, s: dict) -> tuple[float, float]:
 def step_tokens_per_second(model_config, s: dict) -> float:
     import jax
 
-    from t5x_lite import partitioning
+    from t5x_lite.parallel import partitioning
 
     trainer = common.make_trainer(model_config)
     batch = common.make_batch(model_config, batch=s["batch_size"], length=s["seq_len"], packed_segments=4)
@@ -111,8 +111,7 @@ def restore_times(task: str, s: dict) -> list[tuple[int, float, int]]:
 
 
 def run(args, command: str) -> dict:
-    from t5x_lite import config as config_lib
-    from t5x_lite import data, input_pipeline
+    from t5x_lite.data import input_pipeline, task_access, task_factories
 
     s = common.resolve(args, DEFAULTS, QUICK)
     print(common.header(command))
@@ -128,8 +127,8 @@ def run(args, command: str) -> dict:
                 "python stdlib json+urllib" if args.quick else "python stdlib", f"{result['input_mb']:.1f}",
                 f"{result['input_mb'] / result['seconds']:.2f}", f"{result['tokenize_mb_per_s']:.2f}",
                 f"{result['seconds']:.1f}"]]))
-        task = config_lib.lm_task(name="bench_input_pipeline", data_dir=data_dir)
-        vocab_size = data.vocabulary_size(data.DataConfig(task))
+        task = task_factories.lm_task(name="bench_input_pipeline", data_dir=data_dir)
+        vocab_size = task_access.vocabulary_size(task_access.DataConfig(task))
 
         common.progress("timing the input pipeline")
         pipeline_tps, real_fraction = pipeline_tokens_per_second(task, s)
@@ -143,7 +142,7 @@ def run(args, command: str) -> dict:
         print(common.table(["consumer", "step tokens/s", "pipeline tokens/s", "pipeline / step"], rows))
 
         common.progress("timing an epoch: counting pass and reading")
-        cfg = data.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
+        cfg = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
         (steps, stats), count_seconds = common.timed(lambda: input_pipeline.count_batches(
             cfg, epoch=0, host_batch_size=s["batch_size"], shard_index=0, num_shards=1))
         dataset = input_pipeline.epoch_dataset(cfg, epoch=0, host_batch_size=s["batch_size"], shard_index=0,

@@ -66,11 +66,10 @@ def add_arguments(parser) -> None:
 
 def corpus(data_dir: str) -> tuple[str, int]:
     """(name of the LM task registered over `data_dir`, the corpus's vocabulary size)."""
-    from t5x_lite import config as config_lib
-    from t5x_lite import data
+    from t5x_lite.data import task_access, task_factories
 
-    task = config_lib.lm_task(name=TASK, data_dir=data_dir)
-    return task, data.vocabulary_size(data.DataConfig(task))
+    task = task_factories.lm_task(name=TASK, data_dir=data_dir)
+    return task, task_access.vocabulary_size(task_access.DataConfig(task))
 
 
 def fixed_batch(cfg, s: dict) -> dict:
@@ -117,7 +116,7 @@ def bare_optimizer():
     """optax.adamw with OptimizerConfig's defaults, at a constant learning rate (the peak)."""
     import optax
 
-    from t5x_lite.optim import OptimizerConfig, weight_decay_mask
+    from t5x_lite.training.optim import OptimizerConfig, weight_decay_mask
 
     o = OptimizerConfig()
     return optax.adamw(o.peak_learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
@@ -192,10 +191,11 @@ class _Tee:
 def measure_loop(cfg, task: str, s: dict, model_dir: str) -> dict:
     """Row 3: `loops.train` for (1 + --windows) x --steps steps, reporting every --steps; the median
     tokens/s of the windows after the first."""
-    from t5x_lite import data, loops
+    from t5x_lite.data import task_access
+    from t5x_lite.training import loop as loops
 
     n = s["steps"]
-    train_data = data.DataConfig(task, split="train", sequence_length=s["seq_len"], batch_size=s["batch_size"],
+    train_data = task_access.DataConfig(task, split="train", sequence_length=s["seq_len"], batch_size=s["batch_size"],
                                  shuffle=True, pack=True, seed=0)
     log = _Tee()
     with contextlib.redirect_stdout(log):  # the loop's log lines are progress here; stdout is the report

@@ -9,7 +9,7 @@ state) and XLA's peak. A policy that fails to compile shows its error class inst
 from __future__ import annotations
 
 from bench import common
-from t5x_lite import trainer as trainer_lib
+from t5x_lite.training import trainer as trainer_lib
 
 DEFAULTS = {"num_layers": 12, "emb_dim": 512, "num_heads": 8, "head_dim": 64, "mlp_dim": 1536,
             "vocab_size": 8192, "seq_len": 512, "batch_size": 8, "dtype": "float32", "scan_layers": True,

@@ -20,16 +20,16 @@ import sys
 from typing import Sequence
 
 COMMANDS = {
-    "prepare": ("t5x_lite.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
-    "cache": ("t5x_lite.cache_tasks", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
+    "prepare": ("t5x_lite.data.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
+    "cache": ("t5x_lite.config.cache_command", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),
     "infer": ("t5x_lite.infer", "generate outputs for a jsonl of prompts or a task (resumable, sharded)"),
-    "sample": ("t5x_lite.sample", "generate text from a checkpoint"),
-    "checkpoint": ("t5x_lite.checkpoint_info", "`checkpoint info PATH`: what a checkpoint holds"),
-    "config": ("t5x_lite.config_command", "show / explain / diff resolved gin configs; write the reference"),
-    "estimate": ("t5x_lite.estimate", "parameters, FLOPs, memory per device and time to train, from a gin config"),
-    "launch": ("t5x_lite.launch", "`launch slurm`: render and submit a multi-node SLURM job (or --dry-run)"),
+    "sample": ("t5x_lite.inference.sample", "generate text from a checkpoint"),
+    "checkpoint": ("t5x_lite.checkpoints.info", "`checkpoint info PATH`: what a checkpoint holds"),
+    "config": ("t5x_lite.config.command", "show / explain / diff resolved gin configs; write the reference"),
+    "estimate": ("t5x_lite.estimate.command", "parameters, FLOPs, memory per device and time to train, from a gin config"),
+    "launch": ("t5x_lite.cluster.command", "`launch slurm`: render and submit a multi-node SLURM job (or --dry-run)"),
     "convert": ("t5x_lite.hf.command", "`convert from-hf` / `convert to-hf`: Hugging Face checkpoints in and out"),
 }
 

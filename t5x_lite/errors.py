@@ -1,4 +1,9 @@
-"""The errors that mean "bad input", and how entry points report them: one message, exit 2."""
+"""The errors that mean "bad input", and how entry points report them: one message, exit 2.
+
+Every error whose message is meant for the user (a traceback would only distract) subclasses
+`UserError`; `reported()` catches that base, so a new error type needs no registration. This
+module imports nothing from the package: every layer may import it.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,19 @@ import sys
 EXIT_BAD_INPUT = 2
 
 
-class ConfigValueError(ValueError):
+class UserError(Exception):
+    """Bad input: a configuration, file or value the user can fix; the message names the fix."""
+
+
+class ConfigValueError(UserError, ValueError):
     """A configured value is invalid (an unknown choice, sizes that do not fit together)."""
 
 
-class TaskDataError(ValueError):
+class RunConfigError(UserError, ValueError):
+    """The configuration of a run cannot work; the message names the fix. Raised before any compute."""
+
+
+class TaskDataError(UserError, ValueError):
     """A task's data is missing, empty or malformed (raised by the task modules in tasks/)."""
 
 
@@ -25,27 +38,12 @@ class EmptyEvalSetError(EvalDataError):
     """An evaluation set has nothing to score: no tokens, no examples."""
 
 
-def bad_input_types() -> tuple[type[BaseException], ...]:
-    """Exception types whose message is meant for the user (a traceback would only distract)."""
-    from t5x_lite import (cache_tasks, checkpoint, config, distributed, init_from, input_pipeline, loops, prepare,
-                          storage)
-    from t5x_lite.hf.errors import ConversionError
-
-    return (config.ConfigError, loops.RunConfigError, loops.NonFiniteLossError, checkpoint.CheckpointMismatchError,
-            checkpoint.NoUsableCheckpointError, checkpoint.CheckpointNotFoundError, init_from.InitFromError, ConfigValueError,
-            TaskDataError, input_pipeline.DataReadError, input_pipeline.EmptySplitError,
-            input_pipeline.MissingSplitError, prepare.PrepareError, cache_tasks.CacheError, storage.StorageError,
-            distributed.DistributedConfigError, distributed.CoordinatorUnreachableError, ConversionError)
-
-
 @contextlib.contextmanager
 def reported():
-    """Turns a bad-input exception into `error: <message>` on stderr and a SystemExit(2)."""
+    """Turns a `UserError` into `error: <message>` on stderr and a SystemExit(2)."""
     try:
         yield
-    except Exception as e:  # noqa: BLE001 - filtered just below
-        if not isinstance(e, bad_input_types()):
-            raise
+    except UserError as e:
         print(f"error: {without_gin_call_note(str(e))}", file=sys.stderr)
         raise SystemExit(EXIT_BAD_INPUT) from None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from t5x_lite import gin_main
+from t5x_lite.config import entry as gin_entry
 
 USAGE = """usage: t5x-lite eval --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...]
                      [--gin_search_paths=DIR[,DIR...]]
@@ -22,7 +22,7 @@ See docs/eval.md.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return gin_main.run(argv, usage=USAGE, configurable="evaluate")
+    return gin_entry.run(argv, usage=USAGE, configurable="evaluate")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from t5x_lite import errors, gin_main
-from t5x_lite.preemption import EXIT_PREEMPTED, Preempted
+from t5x_lite import errors
+from t5x_lite.config import entry as gin_entry
+from t5x_lite.training.preemption import EXIT_PREEMPTED, Preempted
 
 USAGE = """usage: t5x-lite train --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...]
                       [--gin_search_paths=DIR[,DIR...]]
@@ -22,7 +23,7 @@ Runs the train loop configured by the gin files, e.g.
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return gin_main.run(argv, usage=USAGE, configurable="train")
+        return gin_entry.run(argv, usage=USAGE, configurable="train")
     except Preempted as e:
         print(errors.without_gin_call_note(str(e)), file=sys.stderr)
         return EXIT_PREEMPTED

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 
-from t5x_lite import prepare, storage, tfrecord_stream
+from t5x_lite import storage
+from t5x_lite.data import prepare, tfrecord_stream
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -76,7 +77,7 @@ def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSou
     """The token-id records of a prepared directory and its vocabulary (+ sentinel ids).
 
     `data_dir` may be local, gs:// or s3://. tf.data reads local and gs:// shards itself;
-    s3:// shards are streamed through fsspec (t5x_lite.tfrecord_stream). Either way seqio
+    s3:// shards are streamed through fsspec (t5x_lite.data.tfrecord_stream). Either way seqio
     shards by file, so each host opens only its own shards.
     """
     metadata = read_metadata(data_dir)

@@ -24,8 +24,8 @@ from __future__ import annotations
 import functools
 import numbers
 
-from tasks.lm import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
+from tasks.lm import TaskDataError
 
 tf = import_tensorflow()
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 
-from tasks.lm import register_prepared_task
 from t5x_lite import storage
 from t5x_lite.tf_setup import import_tensorflow
+from tasks.lm import register_prepared_task
 
 import_tensorflow()
 

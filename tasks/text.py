@@ -25,8 +25,8 @@ import os
 
 from google.protobuf.message import DecodeError
 
-from tasks.lm import TaskDataError, replace_task
 from t5x_lite.tf_setup import import_tensorflow
+from tasks.lm import TaskDataError, replace_task
 
 tf = import_tensorflow()
 

@@ -14,9 +14,9 @@ import os
 
 import numpy as np
 
+from t5x_lite.tf_setup import import_tensorflow
 from tasks.lm import TaskDataError
 from tasks.text import check_split_files, load_vocabulary
-from t5x_lite.tf_setup import import_tensorflow
 
 tf = import_tensorflow()
 

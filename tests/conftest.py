@@ -4,8 +4,8 @@ import fcntl
 import os
 import shutil
 import socket
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()

@@ -8,6 +8,7 @@ import pytest
 
 from bench import loop_overhead, throughput
 from bench.__main__ import BENCHMARKS, CPU_BENCHMARKS, parser
+from t5x_lite.data import task_access
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,8 @@ def test_registered_after_throughput_with_its_sizes():
 def test_every_row_trains_and_has_a_speed(report, small_data_dir):
     result, _ = report
     s = result["settings"]
-    from t5x_lite import data
 
-    assert s["vocab_size"] == data.vocabulary_size(data.DataConfig(loop_overhead.corpus(str(small_data_dir))[0]))
+    assert s["vocab_size"] == task_access.vocabulary_size(task_access.DataConfig(loop_overhead.corpus(str(small_data_dir))[0]))
     for name in ("bare", "train_step", "loop"):
         assert result[name]["tokens_per_s"] > 0, name
         assert result[name]["step_s"] > 0, name

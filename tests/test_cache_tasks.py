@@ -6,6 +6,10 @@ import pickle
 
 import pytest
 
+from t5x_lite.config import parsing as config
+from t5x_lite.data import cache as cache_tasks
+from t5x_lite.data import task_factories
+
 TASK = "test_cache_small_lm"
 LENGTHS = {"targets": 64}
 
@@ -19,7 +23,6 @@ def _task_gin(path, data_dir, name=TASK):
 @pytest.fixture(scope="module")
 def cache_dir(small_data_dir, tmp_path_factory):
     """The small LM task cached with the DirectRunner, 3 shards per split."""
-    from t5x_lite import cache_tasks
 
     root = tmp_path_factory.mktemp("cache")
     gin_file = _task_gin(root / "task.gin", small_data_dir)
@@ -51,9 +54,9 @@ def test_cache_holds_every_split_with_info_and_stats(cache_dir, small_data_dir):
 def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
     import seqio
 
-    from t5x_lite import config
 
-    name = config.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
+
+    name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
     task = seqio.get_mixture_or_task(name)
     assert task.cache_dir == str(cache_dir / TASK)
     for split in ("train", "validation"):
@@ -62,17 +65,15 @@ def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
 
 
 def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
-    from t5x_lite import config
     from tasks import lm
 
-    name = config.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
+    name = task_factories.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
     task = lm.seqio.get_mixture_or_task(name)
     with pytest.raises(lm.TaskDataError, match=r"t5x-lite cache --tasks=test_cache_never_cached"):
         task.get_dataset(LENGTHS, split="validation", use_cached=True, shuffle=False)
 
 
 def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path, capsys):
-    from t5x_lite import cache_tasks
 
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
     assert cache_tasks.main([f"--gin_file={gin_file}", f"--output_cache_dir={cache_dir}"]) == 0
@@ -87,7 +88,6 @@ def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path,
 def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys):
     import re
 
-    from t5x_lite import cache_tasks
 
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
     flags = [f"--gin_file={gin_file}", f"--output_cache_dir={tmp_path / 'cache'}", *flags]
@@ -98,10 +98,9 @@ def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys
 
 def test_workers_repeat_the_registration(small_data_dir, tmp_path):
     """Beam workers in other processes get the recipe pickled and register the task themselves."""
-    import gin
     import seqio
 
-    from t5x_lite import cache_tasks, config
+    import gin
     from tasks import lm
 
     name = "test_cache_worker_lm"

@@ -8,7 +8,8 @@ import re
 import signal
 import time
 
-
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint
 from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
 from tests.test_cli_run import assert_trees_equal, final_params
 
@@ -88,7 +89,6 @@ def test_nan_loss_stops_before_a_checkpoint_of_it(data_dir, tmp_path):
 
 
 def test_model_dir_on_s3(data_dir, s3_server, tmp_path):
-    from t5x_lite import checkpoint, storage
     from tests.conftest import S3_BUCKET
 
     run = f"s3://{S3_BUCKET}/cli-run"

@@ -7,10 +7,15 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_lite import checkpoint as checkpoint_lib
-from t5x_lite import init_from, partitioning
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint as checkpoint_lib
+from t5x_lite.checkpoints import info as checkpoint_info
+from t5x_lite.checkpoints import init_from
+from t5x_lite.checkpoints.retention import RetentionPolicy, steps_to_keep
+from t5x_lite.checkpoints.s3_mirror import COMMIT_MARKER
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.retention import RetentionPolicy, steps_to_keep
+from t5x_lite.parallel import partitioning
+from t5x_lite.training.trainer import TrainState
 from tests.conftest import S3_BUCKET
 from tests.test_trainer import get_trainer, make_batch
 
@@ -184,7 +189,6 @@ def test_restore_on_another_mesh_continues_with_the_same_loss(tmp_path, target_a
     restored, _, _ = reader.restore(2, abstract_state=_abstract(target))
     reader.close()
     restored.pop("dropout_rng")
-    from t5x_lite.trainer import TrainState
 
     restored = TrainState(**restored)
     assert restored.params["logits"]["kernel"].sharding == target.state_shardings.params["logits"]["kernel"]
@@ -240,8 +244,6 @@ def test_nonfinite_step_leaves_the_state_unchanged(trained):
 
 
 def test_s3_save_resume_retention_and_uncommitted_steps(trained, s3_server, tmp_path, monkeypatch):
-    from t5x_lite import storage
-    from t5x_lite.s3_mirror import COMMIT_MARKER
 
     trainer, state = trained
     monkeypatch.setenv("T5X_LITE_STAGING_DIR", str(tmp_path / "machine_a"))
@@ -339,7 +341,6 @@ def test_unreachable_bucket_fails_the_save_loudly_and_keeps_the_earlier_checkpoi
 
 
 def test_checkpoint_info_describes_a_step_without_loading_it(trained, tmp_path):
-    from t5x_lite import checkpoint_info
 
     _, state = trained
     checkpointer = checkpoint_lib.Checkpointer(tmp_path)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from t5x_lite.checkpoints import restored_model
 from tests.cli_helpers import TINY_MODEL, losses, run_cli, train
 
 
 def final_params(model_dir: Path) -> dict:
-    from t5x_lite import restored_model
 
     restored = restored_model.restore(str(model_dir))
     return restored.step, restored.params

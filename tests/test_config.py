@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-import gin
 import pytest
 
-from t5x_lite import config
+import gin
+from t5x_lite.config import parsing as config
 
 
 def test_split_gin_flags_t5x_style():

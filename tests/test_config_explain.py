@@ -5,10 +5,15 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import gin
 import pytest
 
-from t5x_lite import config, config_command, config_reference, config_resolve
+import gin
+from t5x_lite import eval as eval_entry
+from t5x_lite.config import command as config_command
+from t5x_lite.config import parsing as config
+from t5x_lite.config import reference as config_reference
+from t5x_lite.config import resolve as config_resolve
+from t5x_lite.training import optim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +102,6 @@ def test_a_binding_always_overridden_by_a_scoped_one_is_unused(in_tmp):
 
 
 def test_jobs_warn_about_unused_bindings_before_they_start(in_tmp, capsys):
-    from t5x_lite import eval as eval_entry
 
     with pytest.raises(SystemExit) as stopped:  # nothing to evaluate: exit 2, after the warning
         eval_entry.main(["--gin_file=runs/eval.gin", "--gin.MODEL_DIR='nowhere'", "--gin.MODEL_DIRR='x'"])
@@ -194,7 +198,6 @@ def test_reference_is_up_to_date_and_every_parameter_documented():
 
 
 def test_reference_check_fails_on_a_missing_docstring_line(monkeypatch, tmp_path, capsys):
-    from t5x_lite import optim
 
     doc = optim.OptimizerConfig.__doc__
     monkeypatch.setattr(optim.OptimizerConfig, "__doc__", "\n".join(

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite import decoding
+from t5x_lite.inference import decoding
 from t5x_lite.models import decoder_only, encoder_decoder
 
 LLAMA = decoder_only.DecoderConfig(vocab_size=32, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,

@@ -18,9 +18,13 @@ import time
 
 import pytest
 
-from t5x_lite import distributed
-from t5x_lite.distributed import (CoordinatorUnreachableError, DistributedConfigError, DistributedFlags,
-                                  ProcessGroup)
+from t5x_lite.parallel import distributed
+from t5x_lite.parallel.distributed import (
+    CoordinatorUnreachableError,
+    DistributedConfigError,
+    DistributedFlags,
+    ProcessGroup,
+)
 from tests.cli_helpers import ROOT, run_cli, train
 from tests.test_bad_input import assert_bad_input
 

@@ -12,8 +12,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t5x_lite import accelerators, config_resolve, estimate, estimate_math
+from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
+from t5x_lite.estimate import accelerators
+from t5x_lite.estimate import arithmetic as estimate_math
+from t5x_lite.estimate import command as estimate
 from t5x_lite.models import train_flops_per_token
 from tests.cli_helpers import run_cli
 

@@ -12,13 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.checkpoints.checkpoint import CheckpointMismatchError, CheckpointNotFoundError
+from t5x_lite.errors import ConfigValueError, TaskDataError
+from t5x_lite.evaluation import eval_loop
+from t5x_lite.evaluation import perplexity as perplexity_eval
+from t5x_lite.evaluation.eval_loop import steps_to_evaluate
+from t5x_lite.inference import decoding, infer_loop, predict
+from t5x_lite.inference.infer_loop import chunk_ranges, shard_chunks
+from t5x_lite.models import DecoderConfig, T5Config
 from tests.cli_helpers import VOCAB, run_cli, start_cli
 
 STEPS = (2, 4)
 
 
 def _model_config():
-    from t5x_lite.models import DecoderConfig
 
     return DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64,
                          num_layers=2, max_len=64)
@@ -26,7 +34,6 @@ def _model_config():
 
 def _save_model_dir(path: Path, cfg, data_dir: Path, steps=STEPS) -> Path:
     """MODEL_DIR with a checkpoint of random params at each step and the data's vocabulary."""
-    from t5x_lite import checkpoint
 
     checkpoints = checkpoint.Checkpointer(str(path), async_save=False)
     metadata = {"family": cfg.family, "model": json.loads(json.dumps(cfg.to_dict())), "task": "t",
@@ -51,14 +58,11 @@ def model_dir(tmp_path_factory, data_dir):
 
 
 def _restored(model_dir: Path, step: int):
-    from t5x_lite import restored_model
 
     return restored_model.restore(str(model_dir), step=step)
 
 
 def test_steps_to_evaluate():
-    from t5x_lite.checkpoint import CheckpointNotFoundError
-    from t5x_lite.eval_loop import steps_to_evaluate
 
     assert steps_to_evaluate([2, 4, 6], set(), step=None, every_checkpoint=False) == [6]
     assert steps_to_evaluate([2, 4, 6], {6}, step=None, every_checkpoint=False) == []
@@ -69,8 +73,6 @@ def test_steps_to_evaluate():
 
 
 def test_every_chunk_belongs_to_exactly_one_shard():
-    from t5x_lite.errors import ConfigValueError
-    from t5x_lite.infer_loop import chunk_ranges, shard_chunks
 
     for num_prompts, chunk_size in [(1, 4), (10, 3), (12, 4), (7, 7), (100, 9)]:
         ranges = chunk_ranges(num_prompts, chunk_size)
@@ -92,7 +94,6 @@ def _write_hellaswag(path: Path, n: int = 6) -> Path:
 
 
 def test_eval_cli_every_checkpoint_then_skips_what_is_done(model_dir, data_dir, tmp_path):
-    from t5x_lite import eval_loop, evaluation
 
     hellaswag = _write_hellaswag(tmp_path / "hellaswag.jsonl")
     out = tmp_path / "results"
@@ -121,7 +122,7 @@ def test_eval_cli_every_checkpoint_then_skips_what_is_done(model_dir, data_dir, 
     task = seqio.get_mixture_or_task(lm_task(name="eval_lm_direct", data_dir=str(data_dir)))
     docs = [ex["targets"].tolist() for ex in task.get_dataset(sequence_length={"targets": 65536}, split="validation",
                                                               shuffle=False, num_epochs=1).take(3).as_numpy_iterator()]
-    direct = evaluation.perplexity(model=restored.config, params=restored.params, documents=docs, context_length=32,
+    direct = perplexity_eval.perplexity(model=restored.config, params=restored.params, documents=docs, context_length=32,
                                    stride=16, batch_size=3)
     assert saved[4]["perplexity"]["loss"] == pytest.approx(direct["loss"], rel=1e-6)
     assert saved[4]["perplexity"]["tokens"] == direct["tokens"]
@@ -137,7 +138,6 @@ def test_eval_cli_every_checkpoint_then_skips_what_is_done(model_dir, data_dir, 
 
 def test_seqio_evaluation_scores_the_models_own_predictions(model_dir, data_dir, tmp_path):
     """Targets set to the model's greedy output for half the examples: accuracy must be exactly 50%."""
-    from t5x_lite import eval_loop, predict
     from tasks.text_to_text import text_to_text_task
 
     restored = _restored(model_dir, 4)
@@ -175,8 +175,6 @@ def _write_pairs(path: Path, pairs) -> Path:
 
 def test_t5_beam_search_through_seqio_eval_and_infer_over_a_task(data_dir, tmp_path):
     """The encoder-decoder path: seqio predictions are beam search's, infer reads a task's inputs."""
-    from t5x_lite import decoding, eval_loop, infer_loop, predict
-    from t5x_lite.models import T5Config
     from tasks.text_to_text import text_to_text_task
 
     cfg = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
@@ -218,7 +216,6 @@ INFER = dict(chunk_size=2, batch_size=2)
 
 
 def _infer(model_dir: Path, prompts: Path, output: Path, **kwargs):
-    from t5x_lite import infer_loop, predict
 
     return infer_loop.infer(model_dir=str(model_dir), output=str(output), prompts_file=str(prompts),
                             decoding=predict.DecodingConfig(max_decode_length=8), **INFER, **kwargs)
@@ -241,14 +238,11 @@ def test_infer_shards_join_into_the_single_run_output(model_dir, tmp_path):
 def test_infer_rejects_changed_settings_long_prompts_and_a_mismatched_model(model_dir, tmp_path):
     import dataclasses
 
-    from t5x_lite.checkpoint import CheckpointMismatchError
-    from t5x_lite.errors import ConfigValueError, TaskDataError
 
     prompts = _write_prompts(tmp_path / "prompts.jsonl", 3)
     output = tmp_path / "out.jsonl"
     _infer(model_dir, prompts, output, shard_index=0, num_shards=2)
     before = sorted(p.name for p in (tmp_path / "out.jsonl.parts").iterdir())
-    from t5x_lite import infer_loop, predict
 
     with pytest.raises(ConfigValueError, match="chunk_size: before 2, now 1"):
         infer_loop.infer(model_dir=str(model_dir), output=str(output), prompts_file=str(prompts), chunk_size=1,
@@ -296,7 +290,6 @@ def test_infer_cli_killed_then_resumed_writes_every_line_once(model_dir, tmp_pat
     assert [line["id"] for line in lines] == list(range(12))
 
     # Sampling is seeded per batch, so the interrupted run equals one that never stopped.
-    from t5x_lite import infer_loop, predict
 
     infer_loop.infer(model_dir=str(model_dir), output=str(tmp_path / "whole.jsonl"), prompts_file=str(prompts),
                      decoding=predict.DecodingConfig(max_decode_length=8, method="sample", temperature=0.9), **INFER)

@@ -10,8 +10,10 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_lite import evaluation
 from t5x_lite.errors import EmptyEvalSetError, EvalDataError
+from t5x_lite.evaluation import multiple_choice
+from t5x_lite.evaluation import perplexity as perplexity_eval
+from t5x_lite.inference import scoring
 from t5x_lite.models import decoder_only, losses
 
 CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -59,7 +61,7 @@ def test_strided_windows_score_every_token_exactly_once():
     for num_tokens in range(0, 41):
         for context_length in range(1, 11):
             for stride in range(1, context_length + 1):
-                windows = evaluation.strided_windows(num_tokens, context_length=context_length, stride=stride)
+                windows = perplexity_eval.strided_windows(num_tokens, context_length=context_length, stride=stride)
                 case = (num_tokens, context_length, stride)
                 scored = [t for w in windows for t in range(w.score_from, w.end)]
                 assert scored == list(range(num_tokens)), case
@@ -72,13 +74,13 @@ def test_strided_windows_score_every_token_exactly_once():
 
 
 def test_strided_windows_match_hugging_face_example():
-    assert evaluation.strided_windows(10, context_length=4, stride=2) == [
-        evaluation.Window(begin=0, end=4, score_from=0), evaluation.Window(begin=2, end=6, score_from=4),
-        evaluation.Window(begin=4, end=8, score_from=6), evaluation.Window(begin=6, end=10, score_from=8)]
+    assert perplexity_eval.strided_windows(10, context_length=4, stride=2) == [
+        perplexity_eval.Window(begin=0, end=4, score_from=0), perplexity_eval.Window(begin=2, end=6, score_from=4),
+        perplexity_eval.Window(begin=4, end=8, score_from=6), perplexity_eval.Window(begin=6, end=10, score_from=8)]
 
 
 def test_stride_equal_to_context_length_gives_disjoint_windows():
-    windows = evaluation.strided_windows(23, context_length=5, stride=5)
+    windows = perplexity_eval.strided_windows(23, context_length=5, stride=5)
     assert [(w.begin, w.end) for w in windows] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
     assert all(w.score_from == w.begin for w in windows)
 
@@ -86,14 +88,14 @@ def test_stride_equal_to_context_length_gives_disjoint_windows():
 @pytest.mark.parametrize("stride", [0, -1, 9])
 def test_strided_windows_reject_a_stride_outside_one_to_context_length(stride):
     with pytest.raises(ValueError, match="stride"):
-        evaluation.strided_windows(20, context_length=8, stride=stride)
+        perplexity_eval.strided_windows(20, context_length=8, stride=stride)
 
 
 # --- continuation_logprobs --------------------------------------------------------------------
 
 def test_continuation_logprobs_match_one_forward_pass(params, forward):
     requests = _random_requests(0, n=6) + [([], [7])]  # an empty context is predicted from BOS alone
-    results = evaluation.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=3)
+    results = scoring.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=3)
     for (context, continuation), (logprob, count, _) in zip(requests, results):
         expected = _direct_sum(forward, [0, *context, *continuation], len(continuation))
         assert count == len(continuation)
@@ -103,10 +105,10 @@ def test_continuation_logprobs_match_one_forward_pass(params, forward):
 
 def test_continuation_logprobs_do_not_depend_on_batch_size_or_order(params):
     requests = _random_requests(1)
-    reference = evaluation.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=1)
+    reference = scoring.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=1)
     permutation = np.random.default_rng(2).permutation(len(requests))
     for batch_size in (1, 3, 8):
-        shuffled = evaluation.continuation_logprobs(model=CFG, params=params, batch_size=batch_size,
+        shuffled = scoring.continuation_logprobs(model=CFG, params=params, batch_size=batch_size,
                                                     requests=[requests[i] for i in permutation])
         for result, i in zip(shuffled, permutation):
             assert result[0] == pytest.approx(reference[i][0], rel=1e-5, abs=1e-5)
@@ -116,7 +118,7 @@ def test_continuation_logprobs_do_not_depend_on_batch_size_or_order(params):
 def test_a_long_context_is_truncated_from_the_left(params, forward):
     rng = np.random.default_rng(3)
     context, continuation = rng.integers(1, 64, 45).tolist(), rng.integers(1, 64, 4).tolist()
-    [(logprob, count, _)] = evaluation.continuation_logprobs(model=CFG, params=params, batch_size=2,
+    [(logprob, count, _)] = scoring.continuation_logprobs(model=CFG, params=params, batch_size=2,
                                                              requests=[(context, continuation)])
     # The model sees the last max_len inputs: BOS and the oldest context tokens are dropped.
     expected = _direct_sum(forward, [*context, *continuation][-(CFG.max_len + 1):], len(continuation))
@@ -129,7 +131,7 @@ def test_greedy_flag_is_true_only_for_the_argmax_continuation(params, forward):
     for _ in range(4):
         greedy.append(int(np.argmax(forward([0, *context, *greedy, 0])[-1])))
     wrong = [*greedy[:-1], (greedy[-1] + 1) % CFG.vocab_size]
-    results = evaluation.continuation_logprobs(model=CFG, params=params, batch_size=2,
+    results = scoring.continuation_logprobs(model=CFG, params=params, batch_size=2,
                                                requests=[(context, greedy), (context, wrong)])
     assert [is_greedy for _, _, is_greedy in results] == [True, False]
 
@@ -142,7 +144,7 @@ def test_greedy_flag_is_true_only_for_the_argmax_continuation(params, forward):
 ])
 def test_continuation_logprobs_reject_what_the_model_cannot_score(params, requests, batch_size, message):
     with pytest.raises(ValueError, match=message):
-        evaluation.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=batch_size)
+        scoring.continuation_logprobs(model=CFG, params=params, requests=requests, batch_size=batch_size)
 
 
 # --- perplexity -------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ def _documents():
 
 
 def test_perplexity_does_not_depend_on_batch_size(params):
-    runs = [evaluation.perplexity(model=CFG, params=params, documents=_documents(), context_length=16, stride=6,
+    runs = [perplexity_eval.perplexity(model=CFG, params=params, documents=_documents(), context_length=16, stride=6,
                                   batch_size=b) for b in (1, 4, 7)]
     for run in runs[1:]:
         assert run["loss"] == pytest.approx(runs[0]["loss"], rel=1e-6)
@@ -167,7 +169,7 @@ def test_perplexity_with_disjoint_windows_equals_a_chunked_loop(params, forward)
             chunk = document[start:start + context_length]
             nll -= _direct_sum(forward, [0, *chunk], len(chunk))
             tokens, chunks = tokens + len(chunk), chunks + 1
-    result = evaluation.perplexity(model=CFG, params=params, documents=_documents(),
+    result = perplexity_eval.perplexity(model=CFG, params=params, documents=_documents(),
                                    context_length=context_length, stride=context_length, batch_size=4)
     assert (result["tokens"], result["windows"]) == (tokens, chunks) == (86, 9)
     assert result["loss"] == pytest.approx(nll / tokens, rel=1e-5)
@@ -175,9 +177,9 @@ def test_perplexity_with_disjoint_windows_equals_a_chunked_loop(params, forward)
 
 
 def test_perplexity_with_overlapping_windows_scores_the_same_tokens_with_more_context(params, forward):
-    disjoint = evaluation.perplexity(model=CFG, params=params, documents=_documents(), context_length=16,
+    disjoint = perplexity_eval.perplexity(model=CFG, params=params, documents=_documents(), context_length=16,
                                      stride=16, batch_size=4)
-    strided = evaluation.perplexity(model=CFG, params=params, documents=_documents(), context_length=16,
+    strided = perplexity_eval.perplexity(model=CFG, params=params, documents=_documents(), context_length=16,
                                     stride=4, batch_size=4)
     assert strided["tokens"] == disjoint["tokens"]
     assert strided["windows"] > disjoint["windows"]
@@ -185,7 +187,7 @@ def test_perplexity_with_overlapping_windows_scores_the_same_tokens_with_more_co
     # Each later window: its context tokens (no BOS) followed by the tokens it scores.
     nll = 0.0
     for document in _documents():
-        for w in evaluation.strided_windows(len(document), context_length=16, stride=4):
+        for w in perplexity_eval.strided_windows(len(document), context_length=16, stride=4):
             sequence = document[w.begin:w.end] if w.begin else [0, *document[:w.end]]
             nll -= _direct_sum(forward, sequence, w.end - w.score_from)
     assert strided["loss"] == pytest.approx(nll / strided["tokens"], rel=1e-5)
@@ -194,13 +196,13 @@ def test_perplexity_with_overlapping_windows_scores_the_same_tokens_with_more_co
 @pytest.mark.parametrize("documents", [[], [[], []]])
 def test_perplexity_of_nothing_is_an_error(params, documents):
     with pytest.raises(EmptyEvalSetError, match="(?i)the eval set is empty"):
-        evaluation.perplexity(model=CFG, params=params, documents=documents, context_length=16, stride=8,
+        perplexity_eval.perplexity(model=CFG, params=params, documents=documents, context_length=16, stride=8,
                               batch_size=2)
 
 
 def test_perplexity_rejects_a_context_longer_than_the_model(params):
     with pytest.raises(ValueError, match="max_len"):
-        evaluation.perplexity(model=CFG, params=params, documents=[[1, 2]], context_length=33, stride=8,
+        perplexity_eval.perplexity(model=CFG, params=params, documents=[[1, 2]], context_length=33, stride=8,
                               batch_size=2)
 
 
@@ -218,9 +220,9 @@ def _hellaswag_record(activity_label, ctx_a, ctx_b, endings, label, ind=0):
 
 
 def test_preprocess_removes_wikihow_tags_as_lm_eval_does():
-    assert evaluation.preprocess_hellaswag("  Mix the flour. [step] Knead it.  ") == "Mix the flour. Knead it."
+    assert multiple_choice.preprocess_hellaswag("  Mix the flour. [step] Knead it.  ") == "Mix the flour. Knead it."
     # The text is stripped before the tags go, so a leading tag leaves a space (as in lm-eval).
-    assert evaluation.preprocess_hellaswag("[header] How to bake bread [title] Mix the flour.") == \
+    assert multiple_choice.preprocess_hellaswag("[header] How to bake bread [title] Mix the flour.") == \
         " How to bake bread. Mix the flour."
 
 
@@ -234,15 +236,15 @@ def test_read_hellaswag_builds_contexts_like_lm_eval(tmp_path):
                           ["[title] for ten minutes.", "until it is smooth [step] Then rest it.", "a", "b"], "1"),
         {"context": "Plain context", "endings": ["one", "two", "three"], "label": 2},
     ])
-    roof, bread, plain = evaluation.read_hellaswag(path)
-    assert roof == evaluation.MultipleChoiceExample(
+    roof, bread, plain = multiple_choice.read_hellaswag(path)
+    assert roof == multiple_choice.MultipleChoiceExample(
         context="Roof shingle removal: A man is sitting on a roof. He",
         endings=("is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
                  "is holding a rubik's cube.", "starts pulling up roofing on a roof."), label=3)
     assert bread.context == "Baking bread: How to bake bread. Mix the flour. Knead the dough"
     assert bread.endings == (" for ten minutes.", "until it is smooth Then rest it.", "a", "b")
     assert bread.label == 1
-    assert plain == evaluation.MultipleChoiceExample(context="Plain context", endings=("one", "two", "three"),
+    assert plain == multiple_choice.MultipleChoiceExample(context="Plain context", endings=("one", "two", "three"),
                                                      label=2)
 
 
@@ -261,16 +263,16 @@ def test_read_hellaswag_names_the_file_and_line_of_a_malformed_line(tmp_path, ba
     good = {"context": "c", "endings": ["x", "y"], "label": 1}
     path = _write_jsonl(tmp_path / "bad.jsonl", [good, "", bad_line, good])
     with pytest.raises(EvalDataError, match=message) as error:
-        evaluation.read_hellaswag(path)
+        multiple_choice.read_hellaswag(path)
     assert f"{path}:3:" in str(error.value)
 
 
 def test_read_hellaswag_of_an_empty_or_missing_file_is_an_error(tmp_path):
     path = _write_jsonl(tmp_path / "empty.jsonl", ["", "  "])
     with pytest.raises(EmptyEvalSetError, match=re.escape(f"empty: {path} holds no examples")):
-        evaluation.read_hellaswag(path)
+        multiple_choice.read_hellaswag(path)
     with pytest.raises(EvalDataError, match="does not exist"):
-        evaluation.read_hellaswag(str(tmp_path / "missing.jsonl"))
+        multiple_choice.read_hellaswag(str(tmp_path / "missing.jsonl"))
 
 
 # --- Multiple choice --------------------------------------------------------------------------
@@ -332,19 +334,19 @@ def _train_on(sequences, steps=150):
 
 
 def test_multiple_choice_picks_the_ending_the_model_learned(tmp_path):
-    right = evaluation.read_hellaswag(_hellaswag_file(tmp_path / "right.jsonl", label_shift=0))
-    wrong = evaluation.read_hellaswag(_hellaswag_file(tmp_path / "wrong.jsonl", label_shift=1))
+    right = multiple_choice.read_hellaswag(_hellaswag_file(tmp_path / "right.jsonl", label_shift=0))
+    wrong = multiple_choice.read_hellaswag(_hellaswag_file(tmp_path / "wrong.jsonl", label_shift=1))
     encode = _word_encoder(right)
     assert right[2].context == "Painting: How to paint. A girl stands at an easel. She"
     params = _train_on([[0, *encode(e.context), *encode(" " + e.endings[e.label])] for e in right])
     assert [e.endings[e.label] for e in right] == ENDINGS
     for examples, expected in ((right, 1.0), (wrong, 0.0)):
-        scores = evaluation.score_multiple_choice(model=MC_CFG, params=params, examples=examples, encode=encode,
+        scores = multiple_choice.score_multiple_choice(model=MC_CFG, params=params, examples=examples, encode=encode,
                                                   batch_size=5)
         assert scores == {"acc": expected, "acc_norm": expected, "examples": 4}
 
 
 def test_multiple_choice_of_no_examples_is_an_error(params):
     with pytest.raises(EmptyEvalSetError, match="(?i)the eval set is empty"):
-        evaluation.score_multiple_choice(model=CFG, params=params, examples=[], encode=lambda t: [1],
+        multiple_choice.score_multiple_choice(model=CFG, params=params, examples=[], encode=lambda t: [1],
                                          batch_size=2)

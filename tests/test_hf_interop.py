@@ -17,10 +17,13 @@ from safetensors.numpy import load_file, save_file
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from t5x_lite import checkpoint, restored_model  # noqa: E402
+from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.checkpoints.init_from import flatten, unflatten
+from t5x_lite.evaluation.eval_loop import MultipleChoiceEval, score_multiple_choice_set
 from t5x_lite.hf import command, convert  # noqa: E402
+from t5x_lite.hf.convert import abstract_params
 from t5x_lite.hf.errors import ConversionError  # noqa: E402
-from t5x_lite.init_from import flatten, unflatten  # noqa: E402
+from t5x_lite.inference import scoring
 from t5x_lite.models import DecoderConfig, T5Config  # noqa: E402
 from tests.cli_helpers import VOCAB, losses, run_cli  # noqa: E402
 
@@ -170,7 +173,6 @@ def _sharded(params, mesh):
 def _random_params(config, rng) -> dict:
     """Random parameters of `config`'s shapes without running (or compiling) its initialiser:
     norm scales near 1, everything else small."""
-    from t5x_lite.hf.convert import abstract_params
 
     return unflatten({path: (1.0 * path.endswith("/scale") + rng.normal(scale=0.1, size=a.shape)).astype(np.float32)
                       for path, a in abstract_params(config).items()})
@@ -374,8 +376,6 @@ def _byte_level_bpe(vocab_size: int):
 def test_a_converted_gpt2_scores_multiple_choice_with_its_own_tokenizer(tmp_path):
     """The HellaSwag scorer on a GPT-2 conversion: text through the folder's tokenizer.json, the
     endings' log-likelihoods equal to transformers' own."""
-    from t5x_lite import evaluation
-    from t5x_lite.eval_loop import MultipleChoiceEval, score_multiple_choice_set
 
     tokenizer = _byte_level_bpe(300)
     eos = tokenizer.token_to_id("<|endoftext|>")
@@ -403,11 +403,11 @@ def test_a_converted_gpt2_scores_multiple_choice_with_its_own_tokenizer(tmp_path
 
     requests = [(vocabulary.encode(e["context"]), vocabulary.encode(" " + ending))
                 for e in examples for ending in e["endings"]]
-    our_ll = [ll for ll, _, _ in evaluation.continuation_logprobs(model=restored.config, params=restored.params,
+    our_ll = [ll for ll, _, _ in scoring.continuation_logprobs(model=restored.config, params=restored.params,
                                                                    requests=requests, batch_size=4)]
     hf_ll = []
     for context, continuation in requests:  # the scorer conditions on [BOS] + context, as lm-eval does
-        ids = torch.tensor([[evaluation.BOS_ID, *context, *continuation]])
+        ids = torch.tensor([[scoring.BOS_ID, *context, *continuation]])
         with torch.no_grad():
             logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
         targets = ids[0, 1:]

@@ -27,7 +27,7 @@ def test_gin_files_resolve_from_an_installed_wheel(tmp_path):
     wheel = next((tmp_path / "wheel").glob("t5x_lite-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
                     str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
-    code = ("from t5x_lite import config\n"
+    code = ("from t5x_lite.config import parsing as config\n"
             "d = config.builtin_gin_dir()\n"
             "print(d)\n"
             "config.parse(gin_files=['runs/quickstart.gin'])\n"

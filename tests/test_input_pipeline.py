@@ -9,20 +9,24 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from t5x_lite import config, data, input_pipeline, partitioning
+from t5x_lite.data import input_pipeline, task_access, task_factories
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.periods import Period, parse_period
+from t5x_lite.models import decoder_only
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
+from t5x_lite.training import validation
+from t5x_lite.training.periods import Period, parse_period
 
 SEQ, BATCH = 64, 8
 
 
 @pytest.fixture(scope="module")
 def task(small_data_dir) -> str:
-    return config.lm_task(name="test_small_lm", data_dir=str(small_data_dir))
+    return task_factories.lm_task(name="test_small_lm", data_dir=str(small_data_dir))
 
 
 def make_iterator(task: str, *, num_epochs=2, shuffle=True, shard=(0, 1)) -> input_pipeline.BatchIterator:
-    cfg = data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=shuffle, seed=3)
+    cfg = task_access.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=shuffle, seed=3)
     return input_pipeline.BatchIterator(cfg, num_epochs=num_epochs, host_batch_size=BATCH,
                               shard_index=shard[0], num_shards=shard[1])
 
@@ -121,14 +125,14 @@ def test_process_0_state_restores_every_shard_of_the_same_count(task):
     """A checkpoint keeps process 0's state: shard 1 restored from it continues its own stream."""
     agree = lambda epoch, local_steps: 7  # what the processes would agree on (the largest count)
     shards = {i: input_pipeline.BatchIterator(
-        data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
+        task_access.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
         host_batch_size=BATCH // 2, shard_index=i, num_shards=2, plan_epochs=True, agree_on_steps=agree)
         for i in (0, 1)}
     full = [next(shards[1]) for _ in range(5)]
     for _ in range(2):
         next(shards[0])
     resumed = input_pipeline.BatchIterator(
-        data.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
+        task_access.DataConfig(task, sequence_length=SEQ, batch_size=BATCH, shuffle=True, seed=3), num_epochs=1,
         host_batch_size=BATCH // 2, shard_index=1, num_shards=2, plan_epochs=True, agree_on_steps=agree)
     resumed.set_state(shards[0].get_state())
     assert_same_batches(full[2:], [next(resumed) for _ in range(3)])
@@ -136,7 +140,7 @@ def test_process_0_state_restores_every_shard_of_the_same_count(task):
 
 def test_unknown_task_lists_known_ones():
     with pytest.raises(ValueError, match="No seqio task or mixture named 'nope'"):
-        data.get_task("nope")
+        task_access.get_task("nope")
 
 
 # ----------------------------------------------------------------- exact epochs, counted by ids
@@ -176,8 +180,8 @@ def id_task(tmp_path_factory) -> str:
     return name
 
 
-def id_config(task: str, seed: int = 5) -> data.DataConfig:
-    return data.DataConfig(task, sequence_length=ID_SEQ, batch_size=ID_BATCH, seed=seed)
+def id_config(task: str, seed: int = 5) -> task_access.DataConfig:
+    return task_access.DataConfig(task, sequence_length=ID_SEQ, batch_size=ID_BATCH, seed=seed)
 
 
 def example_tokens(batches) -> Counter:
@@ -362,18 +366,16 @@ def test_validation_loss_does_not_depend_on_the_batch_size(task):
     import jax
     import optax
 
-    from t5x_lite import loops
-    from t5x_lite import trainer as trainer_lib
-    from t5x_lite.models import decoder_only
 
-    model = decoder_only.DecoderConfig(vocab_size=data.vocabulary_size(data.DataConfig(task)), emb_dim=32,
+
+    model = decoder_only.DecoderConfig(vocab_size=task_access.vocabulary_size(task_access.DataConfig(task)), emb_dim=32,
                                        num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64, num_layers=2,
                                        max_len=SEQ)
     mesh = partitioning.make_mesh(axes=(("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
     trainer = trainer_lib.Trainer(model=model.make_module(), optimizer=optax.sgd(0.1), learning_rate_fn=lambda s: 0.1,
                                   mesh=mesh, rules=partitioning.DEFAULT_RULES)
     params = trainer.init_state(jax.random.PRNGKey(0), {"decoder_input_tokens": np.zeros((2, SEQ), np.int32)}).params
-    results = [loops.evaluate(trainer, params, data.DataConfig(task, split="validation", sequence_length=SEQ,
+    results = [validation.validation_loss(trainer, params, task_access.DataConfig(task, split="validation", sequence_length=SEQ,
                                                                batch_size=b, shuffle=False))
                for b in (3, 8)]
     assert results[0]["tokens"] == results[1]["tokens"] > 0

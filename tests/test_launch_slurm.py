@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from t5x_lite import cli as cli_module
 from tests.cli_helpers import ROOT, cli_env, run_cli
 from tests.test_bad_input import assert_bad_input
 
@@ -84,7 +85,6 @@ def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 def cli(*args: str) -> subprocess.CompletedProcess:
     """`t5x-lite ARGS` through the CLI's main in this process, from the repository root: its exit
     code (returned or raised) and what it printed."""
-    from t5x_lite import cli as cli_module
 
     out, err = io.StringIO(), io.StringIO()
     cwd = os.getcwd()

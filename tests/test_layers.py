@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite.models import layers
+from t5x_lite.models import explicit_attention, layers
+from t5x_lite.models.projection import project
 
 
 def _reference_mask(segments):
@@ -292,7 +293,6 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu():
 def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, with_bias, is_causal):
     """Same outputs and the same gradients for q, k, v and the bias (written-out backward pass vs
     autodiff of jax.nn.dot_product_attention), with packed segments, grouped-query heads and a bias."""
-    from t5x_lite.models import explicit_attention
 
     rng = np.random.default_rng(0)
     batch, length, heads, head_dim = 2, 12, 4, 8
@@ -321,7 +321,6 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
 @pytest.mark.parametrize("contract_dims", [1, 2])
 def test_projection_gradients_equal_autodiff_of_a_plain_dot(contract_dims):
     """`project`'s written-out backward pass (kernel gradient as dot(x, g)) equals JAX's own."""
-    from t5x_lite.models.projection import project
 
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((2, 5, 3, 4)), jnp.float32)

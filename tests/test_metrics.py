@@ -6,31 +6,33 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t5x_lite import metrics
+from t5x_lite.metrics import arithmetic as metric_math
+from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import decoder_only
+from t5x_lite.training.reporting import initial_loss_warning, summarize_window
 
 
 def test_tokens_per_second():
-    assert metrics.tokens_per_second(1000, 4.0) == 250.0
-    assert metrics.tokens_per_second(1000, 0.0) == 0.0
+    assert metric_math.tokens_per_second(1000, 4.0) == 250.0
+    assert metric_math.tokens_per_second(1000, 0.0) == 0.0
 
 
 def test_model_flops_utilization_arithmetic():
     # 1e9 FLOPs/token at 3e4 tokens/s is 3e13 FLOP/s; 4 devices of 1e14 peak give 4e14: MFU 0.075.
-    mfu = metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
+    mfu = metric_math.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
                                           peak_flops_per_device=1e14, num_devices=4)
     assert mfu == pytest.approx(0.075, rel=1e-12)
     # Doubling the devices halves it; doubling the throughput doubles it.
-    assert metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
+    assert metric_math.model_flops_utilization(flops_per_token=1e9, tokens_per_second=3e4,
                                            peak_flops_per_device=1e14, num_devices=8) == pytest.approx(mfu / 2)
-    assert metrics.model_flops_utilization(flops_per_token=1e9, tokens_per_second=6e4,
+    assert metric_math.model_flops_utilization(flops_per_token=1e9, tokens_per_second=6e4,
                                            peak_flops_per_device=1e14, num_devices=4) == pytest.approx(mfu * 2)
 
 
 def test_summarize_train_metrics():
     sums = {"loss_sum": 250.0, "z_loss_sum": 5.0, "weight_sum": 100.0, "grad_norm": 6.0,
             "learning_rate": 0.03}
-    out = metrics.summarize_train_metrics(sums, steps=3)
+    out = metric_math.summarize_train_metrics(sums, steps=3)
     assert out["loss"] == pytest.approx(2.5)
     assert out["z_loss"] == pytest.approx(0.05)
     assert out["cross_entropy"] == pytest.approx(2.45)  # z-loss subtracted
@@ -41,14 +43,14 @@ def test_summarize_train_metrics():
 
 def test_summarize_train_metrics_without_tokens_does_not_divide_by_zero():
     sums = {"loss_sum": 0.0, "z_loss_sum": 0.0, "weight_sum": 0.0, "grad_norm": 0.0, "learning_rate": 0.0}
-    out = metrics.summarize_train_metrics(sums, steps=1)
+    out = metric_math.summarize_train_metrics(sums, steps=1)
     assert out["loss"] == 0.0 and out["perplexity"] == 1.0
 
 
 def test_perplexity_saturates():
-    assert metrics.perplexity(0.0) == 1.0
-    assert metrics.perplexity(math.log(7.0)) == pytest.approx(7.0)
-    assert math.isfinite(metrics.perplexity(1e6))
+    assert metric_math.perplexity(0.0) == 1.0
+    assert metric_math.perplexity(math.log(7.0)) == pytest.approx(7.0)
+    assert math.isfinite(metric_math.perplexity(1e6))
 
 
 @pytest.mark.parametrize("overrides", [{}, {"num_kv_heads": 4, "num_layers": 3, "mlp_dim": 48}])
@@ -70,7 +72,6 @@ def test_flops_per_token_formula(overrides):
 def test_initial_loss_warning_names_likely_causes():
     import math
 
-    from t5x_lite.loops import initial_loss_warning
 
     assert initial_loss_warning(math.log(512) + 0.2, 512, 1.0) is None
     warning = initial_loss_warning(math.log(512) + 3.0, 512, 1.0)
@@ -79,7 +80,6 @@ def test_initial_loss_warning_names_likely_causes():
 
 
 def test_progress_bar_shows_loss_and_tokens_per_second(tmp_path, capsys):
-    from t5x_lite.metrics import MetricsWriter
 
     writer = MetricsWriter(str(tmp_path), total_steps=4, initial_step=0, progress_bar=True)
     for step in (2, 4):
@@ -90,7 +90,6 @@ def test_progress_bar_shows_loss_and_tokens_per_second(tmp_path, capsys):
 
 
 def test_without_a_bar_reports_are_printed_lines(tmp_path, capsys):
-    from t5x_lite.metrics import MetricsWriter
 
     writer = MetricsWriter(str(tmp_path), total_steps=4, initial_step=0, progress_bar=False)
     writer.progress(2, {"loss": 1.25, "tok/s": 1234.0})
@@ -99,7 +98,6 @@ def test_without_a_bar_reports_are_printed_lines(tmp_path, capsys):
 
 
 def test_summarize_window_normalises_over_all_steps_tokens():
-    from t5x_lite.loops import summarize_window
 
     steps = [{"loss_sum": 30.0, "z_loss_sum": 0.0, "weight_sum": 10.0, "grad_norm": 1.0, "learning_rate": 0.1},
              {"loss_sum": 10.0, "z_loss_sum": 0.0, "weight_sum": 30.0, "grad_norm": 3.0, "learning_rate": 0.3}]

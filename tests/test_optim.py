@@ -8,8 +8,8 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_lite import optim
 from t5x_lite.models import decoder_only
+from t5x_lite.training import optim
 
 PEAK, WARMUP, DECAY, FINAL = 2e-3, 10, 40, 0.1
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import gin
 import jax
 import numpy as np
 import pytest
 
-from t5x_lite import config as config_lib
-from t5x_lite import partitioning
-from t5x_lite import trainer as trainer_lib
+import gin
+from t5x_lite.config import parsing as config_lib
 from t5x_lite.models import decoder_only, encoder_decoder
-from t5x_lite.optim import OptimizerConfig
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
+from t5x_lite.training.optim import OptimizerConfig
 
 T5_CFG = encoder_decoder.T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                                   num_encoder_layers=2, num_decoder_layers=2)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite.data import DataConfig
+from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import decoder_only, layers
 from tests.cli_helpers import TINY_MODEL, losses, run_cli

@@ -12,7 +12,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from t5x_lite import prepare as prep
+from t5x_lite.data import prepare as prep
 
 VOCAB_SIZE = 320
 WORDS = ["alpha", "beta", "gamma", "delta", "value", "total", "count", "index", "item", "result"]
@@ -131,7 +131,7 @@ def test_another_process_with_other_workers_gives_identical_files(corpus, prepar
     out_dir, _ = prepared
     again = tmp_path / "again"
     root = Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "t5x_lite.prepare", f"--input={corpus[0]}", f"--out={again}",
+    subprocess.run([sys.executable, "-m", "t5x_lite.data.prepare", f"--input={corpus[0]}", f"--out={again}",
                     f"--vocab_size={VOCAB_SIZE}", "--num_shards=3", "--validation_fraction=0.2",
                     "--num_workers=1"], cwd=root, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(root)})

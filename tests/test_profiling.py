@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from t5x_lite import profiling
+from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError
+from t5x_lite.training import profiling
 
 
 @pytest.mark.parametrize("steps", [5, (5,), (5, 6, 7), (8, 5), (5, 5), (-1, 3), (1.0, 3), (True, 3), "5,8"])
@@ -58,7 +59,6 @@ def test_a_run_resumed_past_the_range_says_so_and_traces_nothing(tmp_path, monke
 
 
 def test_a_trace_for_an_object_store_model_dir_is_copied_there(s3_server, tmp_path, monkeypatch):
-    from t5x_lite import storage
     from tests.conftest import S3_BUCKET
 
     def start_trace(log_dir):  # what jax.profiler writes, in TensorBoard's layout

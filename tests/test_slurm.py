@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from t5x_lite.checkpoints import checkpoint
 from tests.cli_helpers import ROOT, TINY_MODEL, cli_env, losses
 from tests.slurm_cluster import LocalSlurmCluster, unavailable_reason
 from tests.test_cli_run import assert_trees_equal, final_params
@@ -71,7 +72,6 @@ def _params_at(model_dir: Path, step: int, scratch: Path):
 
 
 def _saved_steps(model_dir: Path) -> list[int]:
-    from t5x_lite import checkpoint
 
     checkpoints = checkpoint.Checkpointer(str(model_dir), create=False)
     try:
@@ -81,7 +81,6 @@ def _saved_steps(model_dir: Path) -> list[int]:
 
 
 def _drop_checkpoints_after(model_dir: Path, step: int) -> None:
-    from t5x_lite import checkpoint
 
     for saved in _saved_steps(model_dir):
         if saved > step:

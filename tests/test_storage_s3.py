@@ -4,6 +4,9 @@ import struct
 
 import pytest
 
+from t5x_lite import storage
+from t5x_lite.data import prepare, tfrecord_stream
+from t5x_lite.tf_setup import import_tensorflow
 from tests.conftest import S3_BUCKET as BUCKET
 
 
@@ -13,7 +16,6 @@ def s3_data_dir(s3_server, small_data_dir):
     import sysconfig
     from pathlib import Path
 
-    from t5x_lite import prepare
 
     out = f"s3://{BUCKET}/small"
     prepare.prepare(inputs=[str(Path(sysconfig.get_paths()["stdlib"]) / "json")], out_dir=out,
@@ -23,7 +25,6 @@ def s3_data_dir(s3_server, small_data_dir):
 
 
 def test_storage_functions_on_s3(s3_server, tmp_path):
-    from t5x_lite import storage
 
     base = f"s3://{BUCKET}/storage"
     storage.makedirs(base)
@@ -49,7 +50,6 @@ def test_storage_functions_on_s3(s3_server, tmp_path):
 
 
 def test_prepare_to_s3_uploads_the_same_files(s3_data_dir, small_data_dir):
-    from t5x_lite import storage
 
     names = sorted(p.name for p in small_data_dir.iterdir())
     assert storage.listdir(s3_data_dir) == names
@@ -59,7 +59,6 @@ def test_prepare_to_s3_uploads_the_same_files(s3_data_dir, small_data_dir):
 
 
 def test_prepare_refuses_a_missing_bucket_or_a_prepared_prefix(s3_data_dir, small_data_dir):
-    from t5x_lite import prepare
 
     with pytest.raises(prepare.PrepareError, match="Bucket s3://no-such-bucket .* does not exist"):
         prepare.prepare(inputs=[str(small_data_dir)], out_dir="s3://no-such-bucket/x")
@@ -102,8 +101,6 @@ def test_missing_s3_data_names_the_path(s3_server, data_dir):
 
 
 def test_record_stream_matches_tensorflow_and_checks_crcs(tmp_path):
-    from t5x_lite import tfrecord_stream
-    from t5x_lite.tf_setup import import_tensorflow
 
     tf = import_tensorflow()
     path = str(tmp_path / "r.tfrecord")

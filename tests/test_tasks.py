@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from t5x_lite.config import parsing as config
 from tasks.lm import TaskDataError
 
 DOCS = ["def add(a, b):\n    return a + b\n", "import json\nprint(json.dumps({'x': 1}))",
@@ -256,10 +257,10 @@ def test_mixture_errors(two_tasks):
 
 
 def test_gin_binds_text_tasks_into_a_mixture(tmp_path):
-    import gin
     import seqio
 
-    from t5x_lite import config
+    import gin
+
 
     for prefix in "ab":
         _write_jsonl(tmp_path / f"{prefix}.jsonl", [json.dumps({"text": prefix})])

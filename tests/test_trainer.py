@@ -7,10 +7,10 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_lite import partitioning
-from t5x_lite import trainer as trainer_lib
 from t5x_lite.models import decoder_only
-from t5x_lite.optim import OptimizerConfig
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
+from t5x_lite.training.optim import OptimizerConfig
 
 CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                                  mlp_dim=64, num_layers=2, max_len=16)

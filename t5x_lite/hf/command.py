@@ -12,6 +12,8 @@ import sys
 from typing import Sequence
 
 from t5x_lite import errors
+from t5x_lite.hf import convert
+from t5x_lite.hf.convert import DEFAULT_MAX_SHARD_BYTES, OUTPUT_DTYPES
 
 USAGE = __doc__.split("\n\n", 1)[1].rstrip()
 _SIZE = re.compile(r"(\d+)\s*([KMG]?B)?", re.IGNORECASE)
@@ -36,7 +38,6 @@ def parse_size(text: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from t5x_lite.hf.convert import DEFAULT_MAX_SHARD_BYTES, OUTPUT_DTYPES
 
     parser = argparse.ArgumentParser(prog="t5x-lite convert", description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=USAGE)
@@ -57,7 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="largest safetensors file before the weights are split into shards (default 5GB)")
     args = parser.parse_args(argv)
     with errors.reported():
-        from t5x_lite.hf import convert
 
         if args.direction == "from-hf":
             gin_path = convert.from_hf(args.model_dir, args.out, scan_layers=args.scan_layers)

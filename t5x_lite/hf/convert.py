@@ -20,8 +20,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints.init_from import flatten, unflatten
 from t5x_lite.hf import families, rules, safetensors_files
 from t5x_lite.hf.errors import ConversionError
+from t5x_lite.models import config_from_dict
 
 CONFIG_FILE = "config.json"
 HF_SUBDIR = "hf"  # in a converted model directory: the Hugging Face folder's non-weight files
@@ -50,7 +54,6 @@ def abstract_params(model: Any) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
-    from t5x_lite.init_from import flatten
 
     tokens = jnp.zeros((1, 8), jnp.int32)
     args = (tokens, tokens) if model.family == "encoder_decoder" else (tokens,)
@@ -89,8 +92,6 @@ def model_gin(model: Any, *, header: str) -> str:
 
 def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable[[str], None] = print) -> str:
     """Converts the Hugging Face folder `model_dir` into the t5x_lite model directory `out`; returns model.gin's path."""
-    from t5x_lite import checkpoint, storage
-    from t5x_lite.init_from import unflatten
 
     hf_config = read_hf_config(model_dir)
     family = families.for_hf_config(hf_config)
@@ -158,7 +159,6 @@ def _params_from_tensors(steps: list[rules.Step], files: safetensors_files.Tenso
 
 def _copy_folder_files(model_dir: str, out: str) -> None:
     """The folder's config, tokenizer and generation files to out/hf/; its SentencePiece model to vocab/spm.model."""
-    from t5x_lite import storage
 
     names = [n for n in sorted(os.listdir(model_dir))
              if os.path.isfile(os.path.join(model_dir, n)) and not WEIGHT_FILE.fullmatch(n)]
@@ -176,8 +176,6 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
     """Writes the checkpoint `checkpoint_path` (a model directory or a step directory) as a Hugging
     Face folder `out` (config.json, safetensors, and the tokenizer files of a from-hf conversion);
     returns the weight files."""
-    from t5x_lite import checkpoint
-    from t5x_lite.models import config_from_dict
 
     if dtype not in OUTPUT_DTYPES:
         raise ConversionError(f"--dtype={dtype!r}; choose one of {list(OUTPUT_DTYPES)}.")
@@ -226,7 +224,6 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
 
 def _hf_base_config(model_dir: str) -> dict[str, Any]:
     """A converted directory's original config.json (token ids and other fields t5x_lite does not model)."""
-    from t5x_lite import storage
 
     path = storage.join(model_dir, HF_SUBDIR, CONFIG_FILE)
     if not storage.exists(path):
@@ -241,7 +238,6 @@ def _hf_base_config(model_dir: str) -> dict[str, Any]:
 
 def _token_ids(model_dir: str) -> dict[str, int]:
     """pad/eos/bos ids of the directory's SentencePiece vocabulary (vocab/spm.model), for generation."""
-    from t5x_lite import storage
 
     path = storage.join(model_dir, "vocab", "spm.model")
     if not storage.exists(path):
@@ -255,8 +251,6 @@ def _token_ids(model_dir: str) -> dict[str, int]:
 
 
 def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:
-    from t5x_lite import checkpoint
-    from t5x_lite.init_from import unflatten
 
     problems = checkpoint.structure_differences(saved, unflatten(abstract), limit=20)
     if problems:
@@ -267,7 +261,6 @@ def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: st
 def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int, saved_shapes: Any,
                              dtype: np.dtype) -> Iterator[tuple[str, np.ndarray]]:
     """Each step's tensors in order; a scanned array is read once and kept while its layers are converted."""
-    from t5x_lite.init_from import flatten
 
     held: dict[str, np.ndarray] = {}
     for s in steps:
@@ -289,7 +282,6 @@ def _write_tokenizer(model_dir: str, folder: str) -> str:
     tokenizer classes assume other normalisation settings (a dummy prefix, whitespace handling)
     and would give other token ids than the model was trained on.
     """
-    from t5x_lite import storage
 
     hf_dir = storage.join(model_dir, HF_SUBDIR)
     if storage.exists(hf_dir):

@@ -11,7 +11,7 @@ from typing import Any
 
 from t5x_lite.hf.config_json import choice, require
 from t5x_lite.hf.errors import ConversionError
-from t5x_lite.hf.rules import IDENTITY, Mapping, Stack, Rule, fused_qkv, rule, split_first
+from t5x_lite.hf.rules import IDENTITY, Mapping, Rule, Stack, fused_qkv, rule, split_first
 from t5x_lite.models.decoder_only import DecoderConfig
 
 MODEL_TYPE = "gpt2"

@@ -13,7 +13,8 @@ tensors is reported by field name.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping as MappingType
+from typing import Callable
+from typing import Mapping as MappingType
 
 import numpy as np
 

@@ -1,0 +1,72 @@
+"""A trained model read back for evaluation and inference: its config, params and vocabulary.
+
+Everything comes from the model directory (the checkpoint's metadata gives the model's sizes,
+vocab/spm.model the vocabulary, or hf/tokenizer.json for a converted Hugging Face model), so no
+model gin file is needed. A model config that is given anyway must match the checkpoint, or the
+run stops naming the fields that differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint
+from t5x_lite.data.tokenizer_json import TokenizerJsonVocabulary
+from t5x_lite.errors import TaskDataError
+from t5x_lite.models import ModelConfig, config_from_dict
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoredModel:
+    """A checkpoint's model config and float32 params (on this process's first device)."""
+
+    config: ModelConfig
+    params: Any
+    step: int
+    model_dir: str
+
+    @property
+    def vocabulary_file(self) -> str:
+        return storage.join(self.model_dir, "vocab", "spm.model")
+
+    def vocabulary(self):
+        """The vocabulary text is tokenized with: the run's SentencePiece model (MODEL_DIR/vocab/spm.model),
+        else the tokenizer.json of a converted Hugging Face model (MODEL_DIR/hf/, docs/interop.md)."""
+
+        if storage.exists(self.vocabulary_file):
+            import seqio
+
+            return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
+        tokenizer_json = storage.join(self.model_dir, "hf", "tokenizer.json")
+        if storage.exists(tokenizer_json):
+
+            with storage.open(storage.join(self.model_dir, "hf", "config.json"), "rb") as f:
+                eos_id = json.load(f).get("eos_token_id")
+            return TokenizerJsonVocabulary(tokenizer_json, eos_id=eos_id if isinstance(eos_id, int) else None)
+        raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a SentencePiece "
+                            "vocabulary) and no hf/tokenizer.json, so text cannot be tokenized for it; use a seqio task "
+                            "whose features carry the vocabulary instead.")
+
+
+def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None) -> RestoredModel:
+    """Reads the params of `path` (a model directory: its latest step unless `step`; or a step directory).
+
+    `expected`, when given, must describe the same model as the checkpoint
+    (CheckpointMismatchError otherwise); by default the checkpoint's own config is used.
+    """
+
+    model_dir, step = checkpoint.locate(path, step)
+    checkpoints = checkpoint.Checkpointer(model_dir, create=False)
+    try:
+        metadata = checkpoints.metadata(step)
+        if expected is not None:
+            current = {"family": expected.family, "model": json.loads(json.dumps(expected.to_dict()))}
+            checkpoint.check_compatible(metadata, current, model_dir=model_dir)
+        params = checkpoints.restore_params(step)
+    finally:
+        checkpoints.close()
+    config = expected or config_from_dict(metadata["family"], metadata["model"])
+    return RestoredModel(config=config, params=params, step=step, model_dir=model_dir)

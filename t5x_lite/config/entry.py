@@ -1,0 +1,43 @@
+"""The shared body of the gin-configured entry points (train, eval, infer)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from t5x_lite import errors
+from t5x_lite.config import command as config_command
+from t5x_lite.config import parsing as config
+from t5x_lite.config import resolve as config_resolve
+from t5x_lite.parallel import distributed
+
+
+def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
+    """Prints `usage` for -h/--help; else parses the gin flags and calls the configurable named `configurable`.
+
+    Bad input (an unknown flag, a gin error, an undefined macro, a configuration or data
+    problem) is reported as one `error: ...` line and exit code 2. Bindings that the run never
+    uses (a misspelt scope or macro) are warned about on stderr before it starts.
+
+    The config is read first, so that a bad one fails at once; then the process joins the
+    run's other processes (distributed.py) before anything touches a device.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(f"{usage}\n{distributed.FLAGS_HELP}")
+        return 0
+    with errors.reported():
+
+        files, bindings, paths, rest = config.split_gin_flags(argv)
+        distributed_flags, rest = distributed.parse_flags(rest)
+        if rest:
+            raise config.ConfigError(f"Unknown arguments {rest}.\n{usage}")
+        resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
+                                           entry=configurable)
+        distributed.setup(distributed_flags)
+        if distributed.is_chief():
+            config_command.print_unused_warnings(resolved)
+        import gin
+
+        gin.get_configurable(configurable)()
+    return 0

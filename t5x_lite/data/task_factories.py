@@ -1,0 +1,97 @@
+"""The seqio task factories a gin file calls (`MIXTURE_OR_TASK_NAME = @lm_task()`): each registers a task of tasks/ and returns its name."""
+
+from __future__ import annotations
+
+
+def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
+    """Registers the LM task `name` over a prepared data directory and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      data_dir: a directory written by `t5x-lite prepare` (local, gs:// or s3://).
+      cache_dir: where `t5x-lite cache` wrote offline caches (its --output_cache_dir), read
+        when DataConfig.use_cached is True.
+    """
+    from tasks import lm
+
+    return lm.lm_task(name=name, data_dir=data_dir, cache_dir=cache_dir)
+
+
+def span_corruption_task(*, name: str, data_dir: str, noise_density: float = 0.15,
+                         mean_noise_span_length: float = 3.0) -> str:
+    """Registers T5's span-corruption task `name` over a prepared directory and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      data_dir: a directory written by `t5x-lite prepare`.
+      noise_density: fraction of tokens replaced by sentinels.
+      mean_noise_span_length: mean length of each corrupted span.
+    """
+    from tasks import span_corruption
+
+    return span_corruption.span_corruption_task(name=name, data_dir=data_dir, noise_density=noise_density,
+                                                mean_noise_span_length=mean_noise_span_length)
+
+
+def prefix_lm_task(*, name: str, data_dir: str) -> str:
+    """Registers the prefix-LM task `name` (inputs: a random prefix, targets: the rest) and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      data_dir: a directory written by `t5x-lite prepare`.
+    """
+    from tasks import prefix_lm
+
+    return prefix_lm.prefix_lm_task(name=name, data_dir=data_dir)
+
+
+def text_task(*, name: str, splits: dict[str, str], vocabulary: str, file_format: str | None = None,
+              text_field: str = "text", on_bad_line: str = "fail") -> str:
+    """Registers an LM task `name` over raw jsonl or TFRecord text files and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      splits: file pattern per split, for example {'train': 'data/*.train.jsonl'}.
+      vocabulary: a SentencePiece model file, or 'byte' for seqio's byte vocabulary.
+      file_format: 'jsonl' or 'tfrecord'; None tells it from the file names.
+      text_field: the jsonl field, or the tf.train.Example bytes feature, holding the text.
+      on_bad_line: 'fail' (stop, naming the file and line) or 'skip' (skip, count and warn).
+    """
+    from tasks import text
+
+    return text.text_task(name=name, splits=splits, vocabulary=vocabulary, file_format=file_format,
+                          text_field=text_field, on_bad_line=on_bad_line)
+
+
+def text_to_text_task(*, name: str, splits: dict[str, str], vocabulary: str, metrics: tuple[str, ...] = ("accuracy",),
+                      inputs_field: str = "inputs", targets_field: str = "targets") -> str:
+    """Registers a task `name` of (inputs, targets) text pairs with metrics and returns the name.
+
+    Args:
+      name: the seqio task name to register.
+      splits: jsonl file pattern per split, for example {'validation': 'data/qa.val.jsonl'}.
+      vocabulary: a SentencePiece model file (such as a run's MODEL_DIR/vocab/spm.model), or 'byte'.
+      metrics: seqio metric functions by name: accuracy, sequence_accuracy, bleu, rouge
+        (prediction metrics) and log_likelihood (a score metric); see tasks/text_to_text.py.
+      inputs_field: the jsonl field holding the inputs text.
+      targets_field: the jsonl field holding the targets text.
+    """
+    from tasks import text_to_text
+
+    return text_to_text.text_to_text_task(name=name, splits=splits, vocabulary=vocabulary, metrics=metrics,
+                                          inputs_field=inputs_field, targets_field=targets_field)
+
+
+def mixture(*, name: str, tasks: list[tuple[str, float]], exhaust_all_tasks: bool = False) -> str:
+    """Registers a seqio mixture `name` of registered tasks sampled by rate and returns the name.
+
+    Args:
+      name: the seqio mixture name to register.
+      tasks: (task or mixture name, rate) pairs; rates are relative. A name may be a task
+        factory's result, for example [(@a/lm_task(), 1.0), (@b/text_task(), 3.0)].
+      exhaust_all_tasks: one epoch ends when every task is used up (True) or at the first draw
+        of a used-up task (False, seqio's default); see tasks/mixtures.py.
+    """
+    from tasks import mixtures
+
+    return mixtures.mixture(name=name, tasks=tasks, exhaust_all_tasks=exhaust_all_tasks)

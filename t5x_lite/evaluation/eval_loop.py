@@ -1,0 +1,293 @@
+"""The eval loop: evaluate one checkpoint, the latest, or every checkpoint of a model directory.
+
+Each evaluated step writes OUTPUT_DIR/step_<N>.json (all results of that step, written
+whole: a killed evaluation leaves no partial file) and TensorBoard scalars under
+OUTPUT_DIR/tb/; a step whose JSON exists is skipped, so an evaluation that is run again, or
+that follows a training run (`wait_seconds`), evaluates only what is new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.data import task_access, task_modules
+from t5x_lite.errors import ConfigValueError, TaskDataError
+from t5x_lite.evaluation import multiple_choice, seqio_metrics
+from t5x_lite.evaluation import perplexity as perplexity_eval
+from t5x_lite.inference import predict
+from t5x_lite.metrics import writer as metrics
+from t5x_lite.models import ModelConfig
+from t5x_lite.parallel import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class PerplexityEval:
+    """Perplexity of a task's split, every document scored whole in strided windows.
+
+    Attributes:
+      mixture_or_task_name: a registered seqio task or mixture; its `targets` are the documents.
+      split: the split to score.
+      context_length: tokens per model call; None means the model's max_len.
+      stride: a new window starts every `stride` tokens and scores only the tokens no earlier
+        window scored (each with at least context_length - stride tokens of context); None
+        means context_length // 2. stride == context_length gives disjoint windows.
+      batch_size: windows per model call; results do not depend on it.
+      max_documents: score only the first N documents (None: the whole split).
+      max_document_tokens: longer documents are cut into pieces of this many tokens by the
+        task's own splitting preprocessor, each piece scored from its start.
+    """
+
+    mixture_or_task_name: str
+    split: str = "validation"
+    context_length: int | None = None
+    stride: int | None = None
+    batch_size: int = 8
+    max_documents: int | None = None
+    max_document_tokens: int = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class MultipleChoiceEval:
+    """Multiple-choice accuracy (HellaSwag format) of a decoder-only model.
+
+    Attributes:
+      path: a jsonl file in HellaSwag's public format (ctx_a, ctx_b, activity_label, endings,
+        label) or {"context", "endings", "label"} lines.
+      name: the results' key and TensorBoard folder.
+      batch_size: (context, ending) pairs per model call; results do not depend on it.
+      max_examples: score only the first N examples (None: all).
+    """
+
+    path: str
+    name: str = "hellaswag"
+    batch_size: int = 8
+    max_examples: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqioEval:
+    """A seqio task's (or mixture's) `metric_fns`, run through `seqio.Evaluator`.
+
+    Attributes:
+      mixture_or_task_name: a registered task or mixture with metric_fns (tasks/text_to_text.py).
+      split: the split to evaluate.
+      batch_size: prompts per decoding call.
+      num_examples: evaluate only the first N examples (None: all).
+      decoding: how predictions are generated (predict.DecodingConfig).
+    """
+
+    mixture_or_task_name: str
+    split: str = "validation"
+    batch_size: int = 8
+    num_examples: int | None = None
+    decoding: predict.DecodingConfig = predict.DecodingConfig()
+
+
+def steps_to_evaluate(available: Sequence[int], done: set[int], *, step: int | None,
+                      every_checkpoint: bool) -> list[int]:
+    """Which checkpoints to evaluate now: `step`, or every one not yet done, or the latest if not done."""
+    if step is not None:
+        if step not in available:
+            raise checkpoint.CheckpointNotFoundError(f"no checkpoint at step {step}; available: {list(available)}.")
+        return [step]
+    if every_checkpoint:
+        return [s for s in sorted(available) if s not in done]
+    return [max(available)] if available and max(available) not in done else []
+
+
+def result_path(output_dir: str, step: int) -> str:
+    return storage.join(output_dir, f"step_{step}.json")
+
+
+def evaluate(
+    *,
+    model_dir: str,
+    step: int | None = None,
+    every_checkpoint: bool = False,
+    wait_seconds: float = 0.0,
+    poll_seconds: float = 10.0,
+    final_step: int | None = None,
+    output_dir: str | None = None,
+    model: ModelConfig | None = None,
+    task_module: str | None = None,
+    perplexity: PerplexityEval | None = None,
+    multiple_choice: Sequence[MultipleChoiceEval] = (),
+    seqio_evals: Sequence[SeqioEval] = (),
+) -> dict[int, dict[str, Any]]:
+    """Evaluates checkpoints of `model_dir`; returns {step: results} of the steps evaluated now.
+
+    Args:
+      model_dir: a training run's MODEL_DIR (local, gs:// or s3://).
+      step: evaluate this step only (even if done before). None: the latest, or every
+        checkpoint with `every_checkpoint`.
+      every_checkpoint: evaluate every checkpoint not evaluated yet (oldest first).
+      wait_seconds: after that, keep watching for new checkpoints (a training run writing
+        them) until none has appeared for this long; 0 returns at once.
+      poll_seconds: how often to look for new checkpoints while waiting.
+      final_step: stop waiting once this step has been evaluated (the run's TRAIN_STEPS).
+      output_dir: where results go; None means MODEL_DIR/eval.
+      model: a model config to check the checkpoint against (None: the checkpoint's own).
+      task_module: a module of seqio task registrations to import first.
+      perplexity: strided perplexity of a task's split (PerplexityEval), or None.
+      multiple_choice: multiple-choice sets (MultipleChoiceEval), decoder-only models.
+      seqio_evals: seqio tasks with metric_fns (SeqioEval).
+    """
+    if perplexity is None and not multiple_choice and not seqio_evals:
+        raise ConfigValueError("Nothing to evaluate: set evaluate.perplexity, evaluate.multiple_choice or "
+                               "evaluate.seqio_evals (see gin/runs/eval.gin).")
+    if task_module:
+
+        task_modules.import_task_module(task_module)
+    output_dir = output_dir or storage.join(storage.absolute(model_dir), "eval")
+    model_dir, _ = checkpoint.locate(model_dir)  # fails clearly when there is no checkpoint at all
+    evaluators = _Evaluators(perplexity=perplexity, multiple_choice=multiple_choice, seqio_evals=seqio_evals,
+                             output_dir=output_dir)
+    # With several processes each evaluates on its own first device; process 0 writes the results.
+    chief = distributed.is_chief()
+    writer = metrics.MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
+                                   enabled=chief and not storage.is_url(output_dir))
+    evaluated: dict[int, dict[str, Any]] = {}
+    try:
+        for chosen in _watch(model_dir, output_dir, step=step, every_checkpoint=every_checkpoint,
+                             wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
+            restored = restored_model.restore(model_dir, step=chosen, expected=model)
+            results = evaluators.run(restored)
+            if chief:
+                _write_results(output_dir, chosen, results)
+            for name, values in _scalar_groups(results):
+                writer.scalars(name, chosen, values)
+            evaluated[chosen] = results
+        if not evaluated:
+            _say(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
+                 "(name one with evaluate.step to evaluate it again)")
+    finally:
+        evaluators.close()
+        writer.close()
+    return evaluated
+
+
+def _watch(model_dir: str, output_dir: str, *, step: int | None, every_checkpoint: bool, wait_seconds: float,
+           poll_seconds: float, final_step: int | None) -> Iterator[int]:
+    """Yields the steps to evaluate, then (with wait_seconds) new ones as they appear."""
+    last_new = time.monotonic()
+    while True:
+        checkpointer = checkpoint.Checkpointer(model_dir, create=False)
+        available = checkpointer.all_steps()
+        checkpointer.close()
+        done = {s for s in available if storage.exists(result_path(output_dir, s))}
+        todo = steps_to_evaluate(available, done, step=step, every_checkpoint=every_checkpoint or wait_seconds > 0)
+        for chosen in todo:
+            yield chosen
+            last_new = time.monotonic()
+            if final_step is not None and chosen >= final_step:
+                return
+        if step is not None or wait_seconds <= 0 or time.monotonic() - last_new > wait_seconds:
+            return
+        time.sleep(poll_seconds)
+
+
+class _Evaluators:
+    """The configured evaluations, built once (seqio caches its splits) and run per checkpoint."""
+
+    def __init__(self, *, perplexity: PerplexityEval | None, multiple_choice: Sequence[MultipleChoiceEval],
+                 seqio_evals: Sequence[SeqioEval], output_dir: str):
+        self.perplexity = perplexity
+        self.documents = _documents(perplexity) if perplexity else None
+        self.multiple_choice = list(multiple_choice)
+        for mc in self.multiple_choice:
+            multiple_choice.read_hellaswag(mc.path)  # a missing or malformed file fails before any checkpoint is read
+        self.seqio = []
+        if seqio_evals:
+
+            self.seqio = [seqio_metrics.SeqioEvaluation(
+                mixture_or_task_name=s.mixture_or_task_name, split=s.split, num_examples=s.num_examples,
+                batch_size=s.batch_size, decoding_config=s.decoding, log_dir=storage.join(output_dir, "seqio"))
+                for s in seqio_evals]
+
+    def run(self, restored: restored_model.RestoredModel) -> dict[str, Any]:
+        results: dict[str, Any] = {"step": restored.step}
+        cfg = restored.config
+        if self.perplexity:
+            _require_decoder("perplexity", cfg)
+            context = self.perplexity.context_length or cfg.max_len
+            stride = self.perplexity.stride or max(1, context // 2)
+            results["perplexity"] = perplexity_eval.perplexity(
+                model=cfg, params=restored.params, documents=self.documents, context_length=min(context, cfg.max_len),
+                stride=stride, batch_size=self.perplexity.batch_size)
+            r = results["perplexity"]
+            _say(f"step {restored.step}: {self.perplexity.mixture_or_task_name} {self.perplexity.split} perplexity "
+                   f"{r['perplexity']:.3f} (loss {r['loss']:.4f} over {int(r['tokens'])} tokens, context {context}, "
+                   f"stride {stride})")
+        for mc in self.multiple_choice:
+            _require_decoder("multiple-choice scoring", cfg)
+            vocabulary = restored.vocabulary()
+            results[mc.name] = score_multiple_choice_set(mc, model=cfg, params=restored.params,
+                                                         encode=lambda t: list(vocabulary.encode(t)))
+            r = results[mc.name]
+            _say(f"step {restored.step}: {mc.name} acc {r['acc']:.4f}, acc_norm {r['acc_norm']:.4f} "
+                   f"({int(r['examples'])} examples)")
+        for evaluation_ in self.seqio:
+            for task, values in evaluation_.run(restored).items():
+                results.setdefault("seqio", {})[task] = values
+                _say(f"step {restored.step}: {task} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+        return results
+
+    def close(self) -> None:
+        for evaluation_ in self.seqio:
+            evaluation_.close()
+
+
+def _say(message: str) -> None:
+    """Results are printed (by process 0) even when TensorBoard is off (output on object storage)."""
+    if distributed.is_chief():
+        print(message, flush=True)
+
+
+def _require_decoder(what: str, model: ModelConfig) -> None:
+    if model.family != "decoder_only":
+        raise ConfigValueError(f"{what} scores decoder-only language models; this checkpoint holds a "
+                               f"{model.family} model (use seqio_evals with a score metric instead).")
+
+
+def _documents(cfg: PerplexityEval) -> list[list[int]]:
+    """The split's `targets` token ids, one list per document, in order."""
+
+    task = task_access.get_task(cfg.mixture_or_task_name)
+    lengths = {name: cfg.max_document_tokens for name in task.output_features}
+    dataset = task.get_dataset(sequence_length=lengths, split=cfg.split, shuffle=False, num_epochs=1)
+    if cfg.max_documents is not None:
+        dataset = dataset.take(cfg.max_documents)
+    documents = [example["targets"].tolist() for example in dataset.as_numpy_iterator()]
+    if not any(documents):
+        raise TaskDataError(f"The {cfg.split} split of {cfg.mixture_or_task_name!r} is empty; nothing to score.")
+    return documents
+
+
+def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, params: Any,
+                              encode: Callable[[str], list[int]]) -> dict[str, float]:
+    """acc / acc_norm of one multiple-choice set with these params (also run during training)."""
+    examples = multiple_choice.read_hellaswag(mc.path)[:mc.max_examples]
+    return multiple_choice.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
+                                            batch_size=mc.batch_size)
+
+
+def _write_results(output_dir: str, step: int, results: dict[str, Any]) -> None:
+    """step_<N>.json, whole or not at all."""
+    storage.makedirs(output_dir)
+    storage.write_whole(result_path(output_dir, step), json.dumps(results, indent=2, sort_keys=True))
+
+
+def _scalar_groups(results: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """(TensorBoard folder, scalars) pairs of a step's results."""
+    groups = []
+    for name, values in results.items():
+        if name == "seqio":
+            groups += [(f"seqio_{task}", task_values) for task, task_values in values.items()]
+        elif isinstance(values, dict):
+            groups.append((name, {k: v for k, v in values.items() if isinstance(v, (int, float))}))
+    return groups

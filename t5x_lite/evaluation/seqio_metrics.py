@@ -1,0 +1,115 @@
+"""SeqIO evaluation: a task's `metric_fns` on a restored model's predictions and scores.
+
+`seqio.Evaluator` reads the split once and caches it; each call of `SeqioEvaluation.run`
+predicts (for prediction metrics such as accuracy, BLEU, ROUGE) and scores (for score
+metrics) with the model of one checkpoint, and seqio computes the metrics and logs them:
+TensorBoard summaries under LOG_DIR/<task>/, `<task>-metrics.jsonl` (one line per step) and
+the inputs, targets and predictions of each step in `<task>-<step>.jsonl`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from t5x_lite import storage
+from t5x_lite.checkpoints.restored_model import RestoredModel
+from t5x_lite.errors import TaskDataError
+from t5x_lite.inference import predict
+from t5x_lite.tf_setup import import_tensorflow
+
+tf = import_tensorflow()
+
+import seqio  # noqa: E402
+
+
+class UnpaddedFeatureConverter(seqio.PassThroughFeatureConverter):
+    """Hands the task's examples (token ids of any length) to the model functions unchanged.
+
+    The decoding functions pad and batch prompts themselves; seqio's Evaluator only needs to
+    know which features are the task's (to measure their lengths) and that nothing is packed.
+    """
+
+    TASK_FEATURES = {"inputs": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+                     "targets": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)}
+    pack = False
+
+
+class SeqioEvaluation:
+    """One task's (or mixture's) evaluation split, evaluated with each checkpoint given to `run`."""
+
+    def __init__(self, *, mixture_or_task_name: str, split: str, log_dir: str, num_examples: int | None,
+                 batch_size: int, decoding_config: predict.DecodingConfig):
+        self.name = mixture_or_task_name
+        self.split = split
+        self.batch_size = batch_size
+        self.decoding_config = decoding_config
+        storage.makedirs(log_dir)  # seqio's JSON logger writes into it without creating it
+        try:
+            self.evaluator = seqio.Evaluator(
+                mixture_or_task_name=mixture_or_task_name, feature_converter=UnpaddedFeatureConverter(),
+                eval_split=split, num_examples=num_examples, logger_cls=(seqio.JSONLogger, seqio.TensorBoardLogger),
+                log_dir=log_dir, use_memory_cache=True)
+        except (ValueError, KeyError) as e:
+            raise TaskDataError(f"SeqIO evaluation of {mixture_or_task_name!r} ({split} split) cannot start: {e}") from None
+        if not self.evaluator.eval_tasks:
+            raise TaskDataError(f"{mixture_or_task_name!r} has no task with metric_fns and a {split!r} split; "
+                                "register one with metrics (for example tasks/text_to_text.py) to evaluate it.")
+
+    def run(self, restored: RestoredModel) -> dict[str, dict[str, float]]:
+        """{task name: {metric: value}} of this checkpoint; seqio's loggers write them as well."""
+        for task in self.evaluator.eval_tasks:
+            if not any(True for _ in self.evaluator.cached_model_datasets[task.name].take(1)):
+                raise TaskDataError(f"The {self.split!r} split of {task.name!r} is empty; nothing to evaluate.")
+        # A mixture's tasks share one vocabulary (seqio requires it of mixtures).
+        eos_id = self.evaluator.eval_tasks[0].output_features["targets"].vocabulary.eos_id
+        # seqio calls each function only when one of a task's metrics needs its output.
+        metrics_future, _ = self.evaluator.evaluate(
+            compute_metrics=True, step=restored.step,
+            predict_fn=lambda ds: self._predict(restored, _numpy(ds), eos_id=eos_id),
+            score_fn=lambda ds: self._score(restored, _numpy(ds)))
+        return _plain(metrics_future.result())
+
+    def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, eos_id: int):
+        prompts = [example["inputs"].tolist() for _, example in examples]
+        prompts = [_fit_prompt(restored, p, self.decoding_config) for p in prompts]
+        outputs = []
+        for batch_index, begin in enumerate(range(0, len(prompts), self.batch_size)):
+            outputs += predict.predict(model=restored.config, params=restored.params,
+                                       prompts=prompts[begin:begin + self.batch_size],
+                                       decoding_config=self.decoding_config, eos_id=eos_id, batch_index=batch_index)
+        return [(index, tokens) for (index, _), tokens in zip(examples, outputs)]
+
+    def _score(self, restored: RestoredModel, examples: list[tuple[int, dict]]):
+        pairs = [(example["inputs"].tolist(), example["targets"].tolist()) for _, example in examples]
+        scores = predict.score(model=restored.config, params=restored.params, pairs=pairs, batch_size=self.batch_size)
+        return [(index, value) for (index, _), value in zip(examples, scores)]
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+def _numpy(dataset: tf.data.Dataset) -> list[tuple[int, dict]]:
+    """The enumerated (index, example) pairs of seqio's cached dataset, as numpy."""
+    return list(dataset.as_numpy_iterator())
+
+
+def _fit_prompt(restored: RestoredModel, prompt: list[int], decoding_config: predict.DecodingConfig) -> list[int]:
+    """A decoder-only prompt keeps its last tokens so that it and the output fit max_len."""
+    if restored.config.family != "decoder_only":
+        return prompt
+    room = max(1, restored.config.max_len - 1 - decoding_config.max_decode_length)
+    return prompt[-room:]
+
+
+def _plain(all_metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """seqio's metric values (numpy scalars or clu Scalar objects) as floats."""
+    plain = {}
+    for task, values in all_metrics.items():
+        plain[task] = {}
+        for name, value in values.items():
+            value = getattr(value, "value", value)
+            if np.ndim(value) == 0:
+                plain[task][name] = float(value)
+    return plain

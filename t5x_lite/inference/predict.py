@@ -1,0 +1,125 @@
+"""Predictions and scores of a restored model, for either family: what eval and infer call.
+
+`predict` turns prompts (token ids) into generated token ids with the configured decoding
+method; `score` gives the log-likelihood of targets given inputs. The decoder-only model reads
+a prompt as a prefix (the way a prefix LM is trained: inputs then targets); the encoder-decoder
+encodes the inputs and decodes the targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_lite.errors import ConfigValueError
+from t5x_lite.inference import decoding, scoring
+from t5x_lite.models import ModelConfig
+
+METHODS = ("greedy", "sample", "beam")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodingConfig:
+    """How to generate (bound in gin/runs/eval.gin and infer.gin).
+
+    Attributes:
+      method: 'greedy', 'sample' (temperature, top_k, top_p) or 'beam' (encoder-decoder only).
+      max_decode_length: most new tokens per prompt (EOS ends a prompt's output earlier).
+      temperature: sampling temperature ('sample' only).
+      top_k: keep the k most likely tokens, 0 keeps all ('sample' only).
+      top_p: keep the smallest set of tokens whose probability reaches top_p, 1 keeps all.
+      beam_size: hypotheses kept per input ('beam' only).
+      alpha: length penalty exponent ((5 + length) / 6) ** alpha ('beam' only; 0: none).
+      seed: the sampling RNG's seed; batch i of a run uses fold_in(seed, i).
+    """
+
+    method: str = "greedy"
+    max_decode_length: int = 64
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    beam_size: int = 4
+    alpha: float = 0.6
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigValueError(f"DecodingConfig.method={self.method!r}; choose one of {list(METHODS)}.")
+        if self.max_decode_length < 1:
+            raise ConfigValueError(f"DecodingConfig.max_decode_length={self.max_decode_length} must be at least 1.")
+
+
+def check_prompt_lengths(model: ModelConfig, prompts: Sequence[Sequence[int]], *, what: str,
+                         first_index: int = 0) -> None:
+    """Each decoder-only prompt must leave room in max_len for BOS and one new token; names the first that does not."""
+    if model.family != "decoder_only":
+        return
+    longest = model.max_len - 2
+    for i, prompt in enumerate(prompts):
+        if len(prompt) > longest:
+            raise ConfigValueError(
+                f"{what} {first_index + i} has {len(prompt)} tokens, but the model's context (max_len="
+                f"{model.max_len}) holds at most {longest} prompt tokens (plus BOS and one new token); "
+                "shorten or drop that prompt.")
+
+
+def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], decoding_config: DecodingConfig,
+            eos_id: int, batch_index: int = 0) -> list[list[int]]:
+    """Generated token ids per prompt (EOS excluded)."""
+    cfg = decoding_config
+    rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), batch_index)
+    sampling = dict(temperature=cfg.temperature if cfg.method == "sample" else 0.0,
+                    top_k=cfg.top_k if cfg.method == "sample" else 0,
+                    top_p=cfg.top_p if cfg.method == "sample" else 1.0)
+    if model.family == "decoder_only":
+        if cfg.method == "beam":
+            raise ConfigValueError("Beam search decodes encoder-decoder models; use method 'greedy' or 'sample' "
+                                   "for a decoder-only model.")
+        return decoding.generate_batch(model=model, params=params, prompts=prompts, rng=rng,
+                                       max_new_tokens=cfg.max_decode_length, eos_id=eos_id, **sampling)
+    if cfg.method == "beam":
+        return decoding.beam_search(model=model, params=params, inputs=prompts, max_decode_length=cfg.max_decode_length,
+                                    beam_size=cfg.beam_size, alpha=cfg.alpha, eos_id=eos_id)
+    return decoding.generate_seq2seq(model=model, params=params, inputs=prompts, rng=rng,
+                                     max_decode_length=cfg.max_decode_length, eos_id=eos_id, **sampling)
+
+
+def score(*, model: ModelConfig, params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+          batch_size: int) -> list[float]:
+    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs."""
+    if model.family == "decoder_only":
+        results = scoring.continuation_logprobs(model=model, params=params, requests=pairs, batch_size=batch_size)
+        return [logprob for logprob, _, _ in results]
+    scores = []
+    for begin in range(0, len(pairs), batch_size):
+        chunk = pairs[begin:begin + batch_size]
+        inputs = _pad([p[0] for p in chunk], rows=batch_size)
+        targets = _pad([p[1] for p in chunk], rows=batch_size)
+        sums = _seq2seq_target_logprob(model, params, jnp.asarray(inputs), jnp.asarray(targets))
+        scores += [float(s) for s in np.asarray(sums, np.float64)[:len(chunk)]]
+    return scores
+
+
+def _pad(sequences: Sequence[Sequence[int]], *, rows: int) -> np.ndarray:
+    """[rows, length] int32, zero-padded; the length rounded up to a multiple of 16 to limit recompiles."""
+    length = max(16, -(-max(len(s) for s in sequences) // 16) * 16)
+    out = np.zeros((rows, length), np.int32)
+    for i, s in enumerate(sequences):
+        out[i, :len(s)] = s
+    return out
+
+
+@partial(jax.jit, static_argnames="model")
+def _seq2seq_target_logprob(model: ModelConfig, params: Any, inputs: jax.Array, targets: jax.Array) -> jax.Array:
+    """Per-row sum of log p(target token) for an encoder-decoder; padding (id 0) is not scored."""
+    decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shift right: BOS = 0
+    logits = model.make_module().apply({"params": params}, encoder_input_tokens=inputs,
+                                       decoder_input_tokens=decoder_inputs)
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    picked = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(targets > 0, picked, 0.0), axis=-1)

@@ -1,0 +1,55 @@
+"""The validation loss of the train loop, and the pipeline errors found while building a split."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from t5x_lite.data import input_pipeline
+from t5x_lite.data import task_access as data_lib
+from t5x_lite.errors import RunConfigError, TaskDataError
+from t5x_lite.metrics import arithmetic as metric_math
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
+
+
+def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
+             max_batches: int | None = None) -> dict[str, float]:
+    """Mean per-token cross entropy and perplexity over the split (or its first max_batches).
+
+    One deterministic pass: no shuffle, the last partial batch padded with zero-weight rows,
+    so the result does not depend on the batch size.
+    """
+    shard, num_shards, host_batch = partitioning.process_data_shard(trainer.batch_sharding, config.batch_size)
+    iterator = input_pipeline.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
+                                            shard_index=shard, num_shards=num_shards, plan_epochs=num_shards > 1)
+    totals = {"loss_sum": 0.0, "weight_sum": 0.0}
+    try:
+        for i, batch in enumerate(iterator):
+            if max_batches is not None and i >= max_batches:
+                break
+            sums = trainer.eval_step(params, partitioning.host_batch_to_global(batch, trainer.batch_sharding))
+            for k in totals:
+                totals[k] += float(sums[k])
+    finally:
+        iterator.close()
+    if totals["weight_sum"] == 0:
+        raise RunConfigError(f"The {config.split} split of {config.mixture_or_task_name!r} is empty; "
+                             "prepare it with a validation fraction > 0.")
+    loss = totals["loss_sum"] / totals["weight_sum"]
+    return {"loss": loss, "perplexity": metric_math.perplexity(loss), "tokens": totals["weight_sum"]}
+
+
+@contextlib.contextmanager
+def pipeline_errors(cfg: data_lib.DataConfig):
+    """Turns a preprocessor's complaint about the lengths or the data, raised while a split's
+    pipeline is built, into a RunConfigError (the run stops before anything is written)."""
+    try:
+        yield
+    except (input_pipeline.MissingSplitError, TaskDataError) as e:
+        raise RunConfigError(str(e)) from None
+    except ValueError as e:
+        raise RunConfigError(
+            f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
+            "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
+        ) from None
