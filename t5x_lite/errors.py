@@ -22,7 +22,7 @@ class ConfigValueError(UserError, ValueError):
     """A configured value is invalid (an unknown choice, sizes that do not fit together)."""
 
 
-class RunConfigError(UserError, ValueError):
+class RunConfigError(ConfigValueError):
     """The configuration of a run cannot work; the message names the fix. Raised before any compute."""
 
 

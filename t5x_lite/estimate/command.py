@@ -23,12 +23,13 @@ from t5x_lite import errors, storage
 from t5x_lite.config import parsing as config
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.config.resolve import REQUIRED, DeferredCall
-from t5x_lite.data import prepare
+from t5x_lite.data import prepared_dataset
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import accelerators
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.models import stack, train_flops_per_token
 from t5x_lite.parallel import partitioning
+from t5x_lite.training import run_spec
 from t5x_lite.training import trainer as trainer_lib
 
 USAGE = """usage: t5x-lite estimate --gin_file=FILE [--gin_file=...] [--gin.KEY=VALUE ...] [flags]
@@ -143,22 +144,10 @@ class TaskSource:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSettings:
-    """The values of the `train` configurable that the estimate (and `launch slurm`) need."""
+class RunSettings(run_spec.RunSpec):
+    """The run as `train` would start it, and where its task's data is (read without registering it)."""
 
-    model: Any
-    train_data: Any
-    task: TaskSource
-    mesh_axes: Any
-    logical_axis_rules: Any
-    microbatches: int
-    train_steps: int | None
-    num_epochs: int | None
-    optimizer: Any
-    loss: Any
-    peak_flops_per_device: float | None = None
-    model_dir: Any = None  # REQUIRED when unbound
-    eval_data: Any = None
+    task: TaskSource = TaskSource(name=None, factory=None, data_dir=None)
 
 
 def _task_source(value: Any) -> TaskSource:
@@ -196,15 +185,12 @@ def run_settings(resolved: Any) -> RunSettings:
             raise ConfigValueError(f"The gin files do not bind train.{name}; compose a run file such as "
                                    "--gin_file=runs/quickstart.gin (a model file alone describes no run).")
     values = {name: resolved.build(value, defer=TASK_FACTORIES) for name, value in raw.items()}
-    model, train_data = values["model"], values["train_data"]
+    train_data = values["train_data"]
     task = _task_source(train_data.mixture_or_task_name)
     train_data = dataclasses.replace(train_data, mixture_or_task_name=task.name or "(unnamed task)")
-    return RunSettings(model=model, train_data=train_data.for_model_family(model.family), task=task,
-                       mesh_axes=values["mesh_axes"], logical_axis_rules=values["logical_axis_rules"],
-                       microbatches=values["microbatches"], train_steps=values["train_steps"],
-                       num_epochs=values["num_epochs"], optimizer=values["optimizer"], loss=values["loss"],
-                       peak_flops_per_device=values["peak_flops_per_device"], model_dir=values["model_dir"],
-                       eval_data=values["eval_data"])
+    spec_fields = {f.name for f in dataclasses.fields(run_spec.RunSpec)}
+    return RunSettings(**{name: values[name] for name in spec_fields if name != "train_data"},
+                       train_data=train_data, task=task)
 
 
 # --------------------------------------------------------------------------------- data
@@ -220,7 +206,7 @@ def epoch_estimate(*, task: TaskSource, train_data: Any) -> dict[str, Any]:
         return {**unknown, "note": f"unknown: {why}; `t5x-lite train` counts the steps of each epoch as it starts"}
 
     try:
-        metadata = prepare.read_metadata(task.data_dir)
+        metadata = prepared_dataset.read_metadata(task.data_dir)
     except (OSError, ValueError, storage.StorageError) as e:  # unreadable: the estimate goes on without it
         return {**unknown, "note": f"unknown: cannot read metadata.json of {task.data_dir!r} ({e})"}
     if metadata is None:
@@ -402,26 +388,13 @@ def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any
 
 
 def check_layout(settings: RunSettings, *, num_devices: int) -> tuple[dict[str, int], int]:
-    """(mesh shape, batch shards) of the run on `num_devices`; a ConfigValueError when the mesh,
-    the batch and the sequence length do not fit together (what train refuses before compiling)."""
+    """(mesh shape, batch shards) of the run on `num_devices`; a RunConfigError when the mesh, the
+    batch and the sequence length do not fit together (`train` runs the same check before compiling)."""
     mesh_shape = estimate_math.resolve_mesh_shape(mesh_axes=settings.mesh_axes, num_devices=num_devices)
     rules = _filtered_rules(settings.logical_axis_rules, mesh_shape)
     batch_shards = _logical_shards(("batch",), rules, mesh_shape)[0]
-    _check_batch(settings, batch_shards)
+    run_spec.check_layout(settings, batch_shards=batch_shards)
     return mesh_shape, batch_shards
-
-
-def _check_batch(settings: RunSettings, batch_shards: int) -> None:
-    data, model = settings.train_data, settings.model
-    if data.batch_size % batch_shards:
-        raise ConfigValueError(f"batch_size={data.batch_size} must be a multiple of the {batch_shards} batch "
-                               "shards of the mesh; change BATCH_SIZE, the mesh or --num_devices.")
-    if data.batch_size % (batch_shards * settings.microbatches):
-        raise ConfigValueError(f"batch_size={data.batch_size} must be a multiple of microbatches x batch shards "
-                               f"= {settings.microbatches} x {batch_shards}.")
-    if model.family == "decoder_only" and data.sequence_length > model.max_len:
-        raise ConfigValueError(f"sequence_length={data.sequence_length} does not fit the model's "
-                               f"max_len={model.max_len}; lower SEQUENCE_LENGTH or raise DecoderConfig.max_len.")
 
 
 def _time(settings: RunSettings, flags: Flags, *, flops_per_token: float, tokens_per_step: int,

@@ -1,0 +1,150 @@
+"""Everything `train` does before its first step: check the model directory, build the data
+iterator, and restore the latest good checkpoint or initialise (from a seed or `init_from`).
+
+The order is what keeps a model directory safe: every check that can fail runs before
+anything is written to it, and this run's config replaces the saved one only once the saved
+state has been accepted (or found absent).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from t5x_lite import storage
+from t5x_lite.checkpoints import checkpoint as checkpoint_lib
+from t5x_lite.checkpoints import init_from as init_from_lib
+from t5x_lite.data import input_pipeline, task_access
+from t5x_lite.errors import RunConfigError
+from t5x_lite.metrics.writer import MetricsWriter
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import validation
+from t5x_lite.training.run_spec import RunSpec
+from t5x_lite.training.trainer import Trainer, TrainState
+
+
+def check_model_dir(model_dir: str, *, metadata: dict, init_from: init_from_lib.InitFrom | None) -> int | None:
+    """The latest step saved in `model_dir` (None: none), after checking that the newest readable
+    checkpoint belongs to this run and that an `init_from` source exists. Writes nothing."""
+    existing = checkpoint_lib.Checkpointer(model_dir, create=False)
+    latest = existing.latest_step()
+    for step in reversed(existing.all_steps()):
+        try:
+            saved_metadata = existing.metadata(step)
+        except Exception:  # noqa: BLE001 - a damaged checkpoint is dealt with when restoring
+            continue
+        checkpoint_lib.check_compatible(saved_metadata, metadata, model_dir=model_dir)
+        break
+    existing.close()
+    if latest is None and init_from is not None:
+        init_from_lib.resolve(init_from)  # a missing source fails here, before anything is written
+    return latest
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainData:
+    """The train iterator of this process and how the batch is split over processes."""
+
+    iterator: input_pipeline.BatchIterator
+    steps_per_epoch: int | None  # None when epochs are not planned
+    num_shards: int
+    host_batch: int
+
+
+def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -> TrainData:
+    """The train iterator, with the train and eval pipelines built now: a bad length or split
+    stops the run before anything is written (the iterator keeps the pipeline it built)."""
+    shard, num_shards, host_batch = partitioning.process_data_shard(batch_sharding, spec.train_data.batch_size)
+    # Several data shards must stop together, so their epochs are always planned (counted up front).
+    plan_epochs = plan_epochs or num_shards > 1
+    iterator = input_pipeline.BatchIterator(spec.train_data, num_epochs=spec.num_epochs, host_batch_size=host_batch,
+                                            shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
+    with validation.pipeline_errors(spec.train_data):
+        steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
+        iterator.prepare()
+    if spec.eval_data is not None:
+        with validation.pipeline_errors(spec.eval_data):
+            input_pipeline.epoch_rows(spec.eval_data, epoch=0, shard_index=shard, num_shards=num_shards)
+    return TrainData(iterator=iterator, steps_per_epoch=steps_per_epoch, num_shards=num_shards, host_batch=host_batch)
+
+
+def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData) -> None:
+    """The start-up lines: the model and mesh, and (when planned) the epochs."""
+    model = spec.model
+    writer.print(f"model: {model.family}, {model.num_params():,} parameters "
+                 f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
+                 f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
+                 + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
+    if data.steps_per_epoch:
+        writer.print(f"data: {data.steps_per_epoch} steps per epoch of {spec.train_data.mixture_or_task_name!r} "
+                     f"(epoch 0, counted; later epochs are counted as they start), "
+                     f"{spec.num_epochs or 'unlimited'} epoch(s), {data.num_shards} data shard(s) of "
+                     f"{data.host_batch} rows")
+
+
+def write_run_files(work_dir: str, *, config_text: str, train_data: task_access.DataConfig) -> None:
+    """config.gin and vocab/ of the run (in an s3 run's staging directory: uploaded with checkpoints)."""
+    task = task_access.get_task(train_data.mixture_or_task_name)
+    vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
+    storage.makedirs(work_dir)
+    storage.write_whole(storage.join(work_dir, "config.gin"), config_text)
+    if vocabulary_file:
+        storage.makedirs(storage.join(work_dir, "vocab"))
+        storage.copy(vocabulary_file, storage.join(work_dir, "vocab", "spm.model"))
+
+
+@dataclasses.dataclass(frozen=True)
+class StartingPoint:
+    """The state the first step starts from, and the step it was saved at (None: a new run)."""
+
+    state: TrainState
+    dropout_rng: jax.Array
+    restored_step: int | None
+
+
+def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: checkpoint_lib.Checkpointer,
+                          iterator: input_pipeline.BatchIterator, metadata: dict, config_text: str,
+                          init_from: init_from_lib.InitFrom | None, seed: int, writer: MetricsWriter,
+                          is_chief: bool) -> StartingPoint:
+    """The latest good checkpoint of the run (its state and data position), or a new state."""
+    model_dir = checkpointer.model_dir
+    example = {k: np.zeros(shape, np.int32)
+               for k, shape in spec.train_data.model_feature_shapes(spec.train_data.batch_size).items()}
+    dropout_rng = trainer.replicated(jax.random.PRNGKey(seed + 1))
+    restored = checkpointer.restore_latest_good(
+        abstract_state=checkpoint_lib.to_saveable(trainer.abstract_state(example), dropout_rng),
+        check=lambda saved: checkpoint_lib.check_compatible(saved, metadata, model_dir=model_dir),
+        warn=writer.print)
+    if restored is not None:
+        latest, saved, iterator_state, _ = restored
+        try:
+            iterator.set_state(iterator_state)
+        except ValueError as e:
+            raise RunConfigError(f"{e} Nothing was changed in {model_dir}.") from None
+    # Only now, with the saved state accepted (or absent), does this run's config replace the old one.
+    if is_chief:
+        write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
+    if restored is None:
+        return StartingPoint(state=_initial_state(trainer, example, model_dir=model_dir, seed=seed,
+                                                  init_from=init_from, writer=writer),
+                             dropout_rng=dropout_rng, restored_step=None)
+    writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
+    if init_from is not None:
+        writer.print(f"train.init_from ({init_from.checkpoint}) is not used: {model_dir} already holds this "
+                     f"run's own checkpoint (step {latest}), and a restarted run resumes rather than starting "
+                     "over. To start afresh from init_from, use a new MODEL_DIR.")
+    dropout_rng = saved.pop("dropout_rng")
+    return StartingPoint(state=TrainState(**saved), dropout_rng=dropout_rng, restored_step=latest)
+
+
+def _initial_state(trainer: Trainer, example: dict, *, model_dir: str, seed: int,
+                   init_from: init_from_lib.InitFrom | None, writer: MetricsWriter) -> TrainState:
+    state = trainer.init_state(jax.random.PRNGKey(seed), example)
+    if init_from is None:
+        writer.print(f"No checkpoint in {model_dir}: initialising from seed {seed}.")
+        return state
+    writer.print(f"No checkpoint in {model_dir}: starting from train.init_from ({init_from.checkpoint}).")
+    return state.replace(params=init_from_lib.load_params(init_from, target_params=state.params, warn=writer.print))
