@@ -38,10 +38,10 @@ def add_arguments(parser) -> None:
 def prepare_corpus(out_dir: str, quick: bool) -> dict:
     import sysconfig
 
-    from t5x_lite.data import prepare
+    from t5x_lite.data import corpus, prepare
 
     stdlib = sysconfig.get_paths()["stdlib"]
-    inputs = [os.path.join(stdlib, "json"), os.path.join(stdlib, "urllib")] if quick else [prepare.PYTHON_STDLIB]
+    inputs = [os.path.join(stdlib, "json"), os.path.join(stdlib, "urllib")] if quick else [corpus.PYTHON_STDLIB]
     return prepare.prepare(inputs=inputs, out_dir=out_dir, vocab_size=512 if quick else 4096, num_shards=4,
                            log=lambda _: None)
 

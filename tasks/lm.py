@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from t5x_lite import storage
-from t5x_lite.data import prepare, tfrecord_stream
+from t5x_lite.data import prepared_dataset, tfrecord_stream
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -24,12 +24,12 @@ from t5.data import preprocessors as t5_preprocessors  # noqa: E402
 def read_metadata(data_dir: str) -> dict:
     """The metadata.json of a prepared directory (local, gs:// or s3://), or a clear error."""
     try:
-        metadata = prepare.read_metadata(data_dir)
+        metadata = prepared_dataset.read_metadata(data_dir)
     except storage.StorageError as e:  # no credentials: the message says what to set
         raise TaskDataError(str(e)) from None
     if metadata is None:
         raise TaskDataError(
-            f"Data directory {data_dir!r} has no {prepare.METADATA_FILE}: it is missing (check the bucket "
+            f"Data directory {data_dir!r} has no {prepared_dataset.METADATA_FILE}: it is missing (check the bucket "
             f"and prefix of a gs:// or s3:// path) or was never prepared. Run `t5x-lite prepare "
             f"--input=... --out={data_dir}` (or point the task's data_dir at a prepared directory)."
         )

@@ -25,7 +25,7 @@ import functools
 import numbers
 
 from t5x_lite.tf_setup import import_tensorflow
-from tasks.lm import TaskDataError
+from .lm import TaskDataError
 
 tf = import_tensorflow()
 

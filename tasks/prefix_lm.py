@@ -14,7 +14,7 @@ import functools
 
 from t5x_lite import storage
 from t5x_lite.tf_setup import import_tensorflow
-from tasks.lm import register_prepared_task
+from .lm import register_prepared_task
 
 import_tensorflow()
 

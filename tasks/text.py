@@ -26,7 +26,7 @@ import os
 from google.protobuf.message import DecodeError
 
 from t5x_lite.tf_setup import import_tensorflow
-from tasks.lm import TaskDataError, replace_task
+from .lm import TaskDataError, replace_task
 
 tf = import_tensorflow()
 

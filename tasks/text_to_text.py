@@ -15,8 +15,8 @@ import os
 import numpy as np
 
 from t5x_lite.tf_setup import import_tensorflow
-from tasks.lm import TaskDataError
-from tasks.text import check_split_files, load_vocabulary
+from .lm import TaskDataError
+from .text import check_split_files, load_vocabulary
 
 tf = import_tensorflow()
 

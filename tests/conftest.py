@@ -1,7 +1,9 @@
 """Test set-up: 8 host-platform CPU devices, set before JAX is imported anywhere."""
 
 import fcntl
+import inspect
 import os
+import re
 import shutil
 import socket
 import sys
@@ -126,3 +128,34 @@ def s3_server():
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):  # the controller, after every worker has finished
         shutil.rmtree(os.environ["T5X_LITE_TEST_COMPILATION_CACHE"], ignore_errors=True)
+
+
+# `make test-fast` runs the tests that start no subprocess (-m "not subprocess"): a test is marked
+# `subprocess` when its own code or one of its fixtures (built once or not) calls the CLI helpers
+# or the subprocess module.
+_STARTS_A_PROCESS = re.compile(r"\b(run_cli|start_cli|prepare_stdlib_subset|_prepared_once|subprocess\.\w+|"
+                               r"cli_helpers\.train|multiprocessing|mp\.get_context)\b")
+
+
+def _starts_a_process(fn, module_imports_cli_train: bool) -> bool:
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    return bool(_STARTS_A_PROCESS.search(source) or (module_imports_cli_train and re.search(r"\btrain\(", source)))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module
+        imports_train = getattr(module, "train", None) is getattr(sys.modules.get("tests.cli_helpers"), "train", 0)
+        functions = [item.function]
+        for defs in item._fixtureinfo.name2fixturedefs.values():  # noqa: SLF001 - pytest has no public API for this
+            functions.extend(d.func for d in defs)
+        # A module's own helpers that start processes count for the tests of that module that call them.
+        helpers = {name: obj for name, obj in vars(module).items()
+                   if inspect.isfunction(obj) and obj.__module__ == module.__name__ and not name.startswith("test")}
+        source = inspect.getsource(item.function) if inspect.isfunction(item.function) else ""
+        functions.extend(fn for name, fn in helpers.items() if re.search(rf"\b{name}\(", source))
+        if any(_starts_a_process(fn, imports_train) for fn in functions):
+            item.add_marker(pytest.mark.subprocess)

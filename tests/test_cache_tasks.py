@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 
+from t5x_lite.config import cache_command
 from t5x_lite.config import parsing as config
-from t5x_lite.data import cache as cache_tasks
-from t5x_lite.data import task_factories
+from t5x_lite.data import builtin_tasks, task_factories
 
 TASK = "test_cache_small_lm"
 LENGTHS = {"targets": 64}
@@ -26,7 +26,7 @@ def cache_dir(small_data_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("cache")
     gin_file = _task_gin(root / "task.gin", small_data_dir)
-    assert cache_tasks.main([f"--gin_file={gin_file}", f"--output_cache_dir={root / 'cache'}",
+    assert cache_command.main([f"--gin_file={gin_file}", f"--output_cache_dir={root / 'cache'}",
                              "--min_shards=3"]) == 0
     return root / "cache"
 
@@ -65,7 +65,7 @@ def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
 
 
 def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
-    from tasks import lm
+    lm = builtin_tasks.load("lm")
 
     name = task_factories.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
     task = lm.seqio.get_mixture_or_task(name)
@@ -76,7 +76,7 @@ def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
 def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path, capsys):
 
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
-    assert cache_tasks.main([f"--gin_file={gin_file}", f"--output_cache_dir={cache_dir}"]) == 0
+    assert cache_command.main([f"--gin_file={gin_file}", f"--output_cache_dir={cache_dir}"]) == 0
     assert "already cached" in capsys.readouterr().out
 
 
@@ -91,7 +91,7 @@ def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys
 
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
     flags = [f"--gin_file={gin_file}", f"--output_cache_dir={tmp_path / 'cache'}", *flags]
-    assert cache_tasks.main(flags) == 2
+    assert cache_command.main(flags) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "cache").exists()
 
@@ -101,11 +101,11 @@ def test_workers_repeat_the_registration(small_data_dir, tmp_path):
     import seqio
 
     import gin
-    from tasks import lm
+    lm = builtin_tasks.load("lm")
 
     name = "test_cache_worker_lm"
     config.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])
-    recipe = cache_tasks.Registration(task_names=(name,), gin_config=gin.config_str())
+    recipe = cache_command.Registration(task_names=(name,), gin_config=gin.config_str())
     assert recipe.register() == [name]
     seqio.TaskRegistry.remove(name)
     lm._registered.cache_clear()  # as in a fresh worker process

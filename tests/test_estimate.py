@@ -17,6 +17,8 @@ from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import accelerators
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate import command as estimate
+from t5x_lite.estimate import memory as estimate_memory
+from t5x_lite.estimate import run_from_gin
 from t5x_lite.models import train_flops_per_token
 from tests.cli_helpers import run_cli
 
@@ -43,7 +45,7 @@ def test_every_model_file_is_covered():
 
 @pytest.mark.parametrize("path", MODEL_FILES, ids=lambda p: p.stem)
 def test_parameter_counts_match_the_real_parameter_tree(path):
-    model = estimate.model_from_gin(config_resolve.load_run(gin_files=[str(path)], entry="train"))
+    model = run_from_gin.model_from_gin(config_resolve.load_run(gin_files=[str(path)], entry="train"))
     leaves = jax.tree_util.tree_flatten_with_path(_param_shapes(model))[0]
     total = sum(math.prod(leaf.shape) for _, leaf in leaves)
     # Embedding parameters are the lookup tables (flax Embed's `embedding`: tokens, learned positions).
@@ -59,11 +61,11 @@ def test_arithmetic_state_bytes_equal_the_compiled_arguments(mesh_file, num_devi
     batch, per device. Both sides size the same arrays under the same PartitionSpecs, so on CPU
     they agree to the byte; the only allowed difference is the 8-byte dropout key, which jit
     keeps as an argument only when dropout uses it (it is pruned at dropout_rate=0)."""
-    settings = estimate.run_settings(config_resolve.load_run(gin_files=["runs/quickstart.gin", mesh_file],
-                                                             gin_bindings=SMALL_RUN))
+    settings = run_from_gin.run_settings(config_resolve.load_run(gin_files=["runs/quickstart.gin", mesh_file],
+                                                                 gin_bindings=SMALL_RUN))
     mesh_shape = estimate_math.resolve_mesh_shape(mesh_axes=settings.mesh_axes, num_devices=num_devices)
-    state = estimate.state_bytes_per_device(settings, mesh_shape)
-    compiled = estimate.compiled_memory(settings, num_devices=num_devices)
+    state = estimate_memory.state_bytes_per_device(settings, mesh_shape)
+    compiled = estimate_memory.compiled_memory(settings, num_devices=num_devices)
     arithmetic = state["params"] + state["optimizer_state"] + state["step"]
     assert 0 <= compiled["arguments"] - compiled["batch"] - arithmetic <= 8
     assert state["tree_params"] == settings.model.num_params()
@@ -150,7 +152,7 @@ def test_cli_json_with_prepared_metadata(tmp_path, capsys):
     # 40,800 tokens + one EOS for each of the 160 documents = 40,960 = 10 steps of 16 x 256.
     assert (data["tokens_per_epoch"], data["steps_per_epoch"], data["planned_steps"]) == (40_960, 10, 30)
     assert result["mesh"]["shape"] == {"replica": 1, "data": 2, "fsdp": 1, "tensor": 1}
-    model = estimate.model_from_gin(config_resolve.load_run(gin_files=["models/decoder_tiny.gin"], entry="train"))
+    model = run_from_gin.model_from_gin(config_resolve.load_run(gin_files=["models/decoder_tiny.gin"], entry="train"))
     per_token = train_flops_per_token(model, targets_length=256)
     assert result["flops"]["per_token"] == pytest.approx(per_token)
     assert result["time"]["tokens"] == 30 * 16 * 256

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5x_lite.data import builtin_tasks
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import decoder_only, layers
@@ -117,7 +118,7 @@ def test_prefix_lm_data_config():
 def test_packed_rows_score_only_the_targets(small_data_dir):
     import seqio
 
-    from tasks import prefix_lm
+    prefix_lm = builtin_tasks.load("prefix_lm")
 
     name = prefix_lm.prefix_lm_task(name="test_prefix_lm_rows", data_dir=str(small_data_dir))
     config = DataConfig(name, sequence_length=64, feature_converter="prefix_lm")

@@ -12,7 +12,9 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
+from t5x_lite.data import corpus as corpus_lib
 from t5x_lite.data import prepare as prep
+from t5x_lite.data import spm_vocabulary
 
 VOCAB_SIZE = 320
 WORDS = ["alpha", "beta", "gamma", "delta", "value", "total", "count", "index", "item", "result"]
@@ -86,8 +88,8 @@ def test_records_hold_every_document_once_in_its_split_and_decode_to_its_text(co
         for record in [r for shard in read_split(out_dir, split) for r in shard]:
             key = keys_in_id_order[record["id"]]
             assert processor.decode(record["targets"]) == documents[key]
-            assert prep.EOS_ID not in record["targets"]
-            assert prep.split_of(f"code/{key}", seed=0, validation_fraction=0.2) == split
+            assert spm_vocabulary.EOS_ID not in record["targets"]
+            assert corpus_lib.split_of(f"code/{key}", seed=0, validation_fraction=0.2) == split
             ids.append(record["id"])
     assert sorted(ids) == list(range(len(documents)))
 
@@ -149,10 +151,10 @@ def test_vocabulary_keeps_code_whitespace(prepared):
 
 def test_split_depends_only_on_key_and_seed():
     keys = [f"dir/file_{i}.txt" for i in range(2000)]
-    splits = [prep.split_of(k, seed=0, validation_fraction=0.1) for k in keys]
-    assert splits == [prep.split_of(k, seed=0, validation_fraction=0.1) for k in keys]
+    splits = [corpus_lib.split_of(k, seed=0, validation_fraction=0.1) for k in keys]
+    assert splits == [corpus_lib.split_of(k, seed=0, validation_fraction=0.1) for k in keys]
     assert 100 < splits.count("validation") < 300
-    assert splits != [prep.split_of(k, seed=1, validation_fraction=0.1) for k in keys]
+    assert splits != [corpus_lib.split_of(k, seed=1, validation_fraction=0.1) for k in keys]
 
 
 def test_jsonl_field_selection(tmp_path):
@@ -168,22 +170,22 @@ def test_jsonl_field_selection(tmp_path):
     run_prepare([tmp_path / "in"], tmp_path / "out", jsonl_field="content", vocab_size=300)
 
     processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "out" / "spm.model"))
-    decoded = {r["id"]: processor.decode(r["targets"]) for split in prep._SPLITS
+    decoded = {r["id"]: processor.decode(r["targets"]) for split in corpus_lib.SPLITS
                for shard in read_split(tmp_path / "out", split) for r in shard}
     assert [decoded[i] for i in range(len(rows))] == [r["content"] for r in rows]
-    documents = list(prep.iter_documents(prep.resolve_inputs([str(tmp_path / "in")]), "content"))
+    documents = list(corpus_lib.iter_documents(corpus_lib.resolve_inputs([str(tmp_path / "in")]), "content"))
     assert documents[5].key == "in/a.jsonl:7"  # 1-based line numbers, after the blank line 6
 
 
 def test_jsonl_missing_field_names_file_and_line(tmp_path):
     (tmp_path / "a.jsonl").write_text('{"text": "ok"}\n{"body": "no text here"}\n')
-    with pytest.raises(prep.PrepareError, match=r"a\.jsonl:2 .*'text'.*--jsonl_field"):
+    with pytest.raises(corpus_lib.PrepareError, match=r"a\.jsonl:2 .*'text'.*--jsonl_field"):
         run_prepare([tmp_path / "a.jsonl"], tmp_path / "out")
 
 
 def test_glob_filters_directory_files(corpus):
     root, documents = corpus
-    keys = [s.key for s in prep.resolve_inputs([str(root)], glob="*.py")]
+    keys = [s.key for s in corpus_lib.resolve_inputs([str(root)], glob="*.py")]
     assert keys == sorted(f"code/{k}" for k in [*documents, "pkg/empty.py"] if k.endswith(".py"))
 
 
@@ -196,7 +198,7 @@ def test_glob_filters_directory_files(corpus):
 ])
 def test_errors_name_the_fix(corpus, tmp_path, kwargs, message):
     inputs = kwargs.pop("inputs", [corpus[0]])
-    with pytest.raises(prep.PrepareError, match=message):
+    with pytest.raises(corpus_lib.PrepareError, match=message):
         run_prepare(inputs, tmp_path / "out", **kwargs)
     assert not (tmp_path / "out" / "metadata.json").exists()
 
@@ -204,13 +206,13 @@ def test_errors_name_the_fix(corpus, tmp_path, kwargs, message):
 def test_no_documents_in_empty_files(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "blank.txt").write_text("\n\n")
-    with pytest.raises(prep.PrepareError, match="No documents found"):
+    with pytest.raises(corpus_lib.PrepareError, match="No documents found"):
         run_prepare([tmp_path / "in"], tmp_path / "out")
 
 
 def test_prepared_out_dir_is_refused_unless_overwrite(corpus, prepared, tmp_path):
     out_dir, _ = prepared
-    with pytest.raises(prep.PrepareError, match="already holds a prepared dataset.*--overwrite"):
+    with pytest.raises(corpus_lib.PrepareError, match="already holds a prepared dataset.*--overwrite"):
         run_prepare([corpus[0]], out_dir)
 
     copy = tmp_path / "copy"
@@ -235,13 +237,13 @@ def test_vocab_model_is_copied(corpus, prepared, tmp_path):
 
 def test_long_text_is_cut_into_sentences_under_the_limit():
     text = "short line\n" + "é" * 10_000 + "x\n" + "tail"
-    sentences = list(prep._sentences(text, max_bytes=1000))
+    sentences = list(spm_vocabulary._sentences(text, max_bytes=1000))
     assert "".join(sentences) == text
     assert all(len(s.encode()) < 1000 for s in sentences)
 
 
 def test_python_stdlib_files_skip_tests_and_site_packages():
-    files = prep.python_stdlib_files()
+    files = corpus_lib.python_stdlib_files()
     assert files and all(f.endswith(".py") for f in files)
     parts = {part for f in files for part in Path(f).parts}
     assert not parts & {"site-packages", "test", "tests", "idle_test"}
@@ -264,8 +266,8 @@ def test_main_prepares_a_corpus(corpus, tmp_path, capsys):
 
 
 def test_vocab_sample_is_uniform_and_order_independent():
-    documents = [prep.Document(i, f"doc_{i}", f"{i:03d}".ljust(100, "x")) for i in range(100)]
-    forward, backward = prep._VocabSample(1000, seed=0), prep._VocabSample(1000, seed=0)
+    documents = [corpus_lib.Document(i, f"doc_{i}", f"{i:03d}".ljust(100, "x")) for i in range(100)]
+    forward, backward = corpus_lib.VocabSample(1000, seed=0), corpus_lib.VocabSample(1000, seed=0)
     for document in documents:
         forward.offer(document, 100)
     for document in reversed(documents):
@@ -280,7 +282,7 @@ def test_interrupted_write_leaves_no_shards(corpus, tmp_path, monkeypatch):
         yield next(iter(documents)), [5, 6]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prep, "tokenize", failing_tokenize)
+    monkeypatch.setattr(spm_vocabulary, "tokenize", failing_tokenize)
     with pytest.raises(KeyboardInterrupt):
         run_prepare([corpus[0]], tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["spm.model", "spm.vocab"]

@@ -5,7 +5,7 @@ import struct
 import pytest
 
 from t5x_lite import storage
-from t5x_lite.data import prepare, tfrecord_stream
+from t5x_lite.data import builtin_tasks, corpus, prepare, tfrecord_stream
 from t5x_lite.tf_setup import import_tensorflow
 from tests.conftest import S3_BUCKET as BUCKET
 
@@ -60,9 +60,9 @@ def test_prepare_to_s3_uploads_the_same_files(s3_data_dir, small_data_dir):
 
 def test_prepare_refuses_a_missing_bucket_or_a_prepared_prefix(s3_data_dir, small_data_dir):
 
-    with pytest.raises(prepare.PrepareError, match="Bucket s3://no-such-bucket .* does not exist"):
+    with pytest.raises(corpus.PrepareError, match="Bucket s3://no-such-bucket .* does not exist"):
         prepare.prepare(inputs=[str(small_data_dir)], out_dir="s3://no-such-bucket/x")
-    with pytest.raises(prepare.PrepareError, match="already holds a prepared dataset"):
+    with pytest.raises(corpus.PrepareError, match="already holds a prepared dataset"):
         prepare.prepare(inputs=[str(small_data_dir)], out_dir=s3_data_dir)
 
 
@@ -77,7 +77,7 @@ def _examples(name, split, shard_info=None):
 def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small_data_dir):
     import seqio
 
-    from tasks import lm
+    lm = builtin_tasks.load("lm")
 
     remote = lm.lm_task(name="test_s3_small_lm", data_dir=s3_data_dir)
     local = lm.lm_task(name="test_local_small_lm", data_dir=str(small_data_dir))
@@ -94,7 +94,7 @@ def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small
 
 @pytest.mark.parametrize("data_dir", [f"s3://{BUCKET}/no-such-prefix", "s3://no-such-bucket/small"])
 def test_missing_s3_data_names_the_path(s3_server, data_dir):
-    from tasks import lm
+    lm = builtin_tasks.load("lm")
 
     with pytest.raises(lm.TaskDataError, match=f"{data_dir}' has no metadata.json"):
         lm.lm_task(name="test_s3_missing", data_dir=data_dir)

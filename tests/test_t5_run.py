@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from t5x_lite.data import builtin_tasks
 from tests.cli_helpers import VOCAB, losses, run_cli
 from tests.test_bad_input import assert_bad_input
 
@@ -68,7 +69,7 @@ def span_corruption_examples(small_data_dir):
     """(task, noised examples, source documents) of the train split, in file order."""
     import seqio
 
-    from tasks import span_corruption
+    span_corruption = builtin_tasks.load("span_corruption")
 
     name = "test_t5_run_span_corruption"
     span_corruption.register_span_corruption_task(name, str(small_data_dir))
@@ -95,7 +96,7 @@ def _split_at_sentinels(tokens: np.ndarray) -> tuple[list[int], list[list[int]]]
 
 
 def test_span_corruption_examples(span_corruption_examples):
-    from tasks.span_corruption import span_corruption_lengths
+    span_corruption_lengths = builtin_tasks.load("span_corruption").span_corruption_lengths
 
     task, examples, documents = span_corruption_examples
     vocabulary = task.output_features["targets"].vocabulary

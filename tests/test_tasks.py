@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from t5x_lite.config import parsing as config
-from tasks.lm import TaskDataError
+from t5x_lite.data import builtin_tasks
+from t5x_lite.errors import TaskDataError
 
 DOCS = ["def add(a, b):\n    return a + b\n", "import json\nprint(json.dumps({'x': 1}))",
         "naïve café – ünïcode", "class A:\n    pass\n" * 3]
@@ -52,7 +53,7 @@ def text_files(request, tmp_path):
 
 @pytest.mark.parametrize("vocabulary", ["spm", "byte"])
 def test_text_task_tokenizes_documents(text_files, vocabulary, small_data_dir):
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     pattern, fmt = text_files
     vocab = str(small_data_dir / "spm.model") if vocabulary == "spm" else "byte"
@@ -67,7 +68,7 @@ def test_text_task_tokenizes_documents(text_files, vocabulary, small_data_dir):
 
 
 def test_long_documents_are_split_to_the_targets_length(tmp_path):
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     doc = "0123456789" * 10
     _write_jsonl(tmp_path / "long.jsonl", [json.dumps({"text": doc})])
@@ -88,7 +89,7 @@ def _bad_jsonl(tmp_path: Path) -> Path:
 
 
 def test_bad_jsonl_lines_are_skipped_and_counted(tmp_path, caplog):
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     path = _bad_jsonl(tmp_path)
     task = text.register_text_task("test_text_skip", {"train": str(path)}, "byte", on_bad_line="skip")
@@ -104,7 +105,7 @@ def test_bad_jsonl_lines_are_skipped_and_counted(tmp_path, caplog):
 def test_bad_jsonl_line_fails_naming_file_and_line(tmp_path):
     import tensorflow as tf
 
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     path = _bad_jsonl(tmp_path)
     task = text.register_text_task("test_text_fail", {"train": str(path)}, "byte")  # 'fail' is the default
@@ -116,7 +117,7 @@ def test_bad_jsonl_line_fails_naming_file_and_line(tmp_path):
 def test_tfrecord_without_the_feature(tmp_path, on_bad_line):
     import tensorflow as tf
 
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     path = _write_tfrecord(tmp_path / "r.tfrecord", ["first", None, "third"])
     task = text.register_text_task(f"test_text_tf_{on_bad_line}", {"train": str(path)}, "byte",
@@ -131,7 +132,7 @@ def test_tfrecord_without_the_feature(tmp_path, on_bad_line):
 
 
 def test_unreadable_vocabulary_fails_at_registration(tmp_path):
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     data = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     (tmp_path / "junk.model").write_bytes(b"not a sentencepiece model")
@@ -143,7 +144,7 @@ def test_unreadable_vocabulary_fails_at_registration(tmp_path):
 def test_missing_split_lists_the_splits(tmp_path):
     import seqio
 
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     data = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     task = text.register_text_task("test_text_split", {"train": data}, "byte")
@@ -152,7 +153,7 @@ def test_missing_split_lists_the_splits(tmp_path):
 
 
 def test_bad_split_files_fail_at_registration(tmp_path):
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     good = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     (tmp_path / "b.jsonl").write_text("")
@@ -170,7 +171,7 @@ def test_bad_split_files_fail_at_registration(tmp_path):
 def test_prefix_lm_examples_split_each_piece_in_order(small_data_dir):
     import seqio
 
-    from tasks import prefix_lm
+    prefix_lm = builtin_tasks.load("prefix_lm")
 
     task = prefix_lm.register_prefix_lm_task("test_tasks_prefix_lm", str(small_data_dir))
     eos = task.output_features["targets"].vocabulary.eos_id
@@ -195,7 +196,7 @@ def test_prefix_lm_examples_split_each_piece_in_order(small_data_dir):
 @pytest.fixture
 def two_tasks(tmp_path):
     """Byte-vocabulary tasks 'test_mix_a' (10 documents 'a0'...) and 'test_mix_b' (100, 'b0'...)."""
-    from tasks import text
+    text = builtin_tasks.load("text")
 
     for prefix, count in (("a", 10), ("b", 100)):
         _write_jsonl(tmp_path / f"{prefix}.jsonl", [json.dumps({"text": f"{prefix}{i}"}) for i in range(count)])
@@ -214,7 +215,7 @@ def _mixture_texts(name: str, *, num_epochs: int | None, seed: int, take: int = 
 
 
 def test_mixture_draws_by_rate(two_tasks):
-    from tasks import mixtures
+    mixtures = builtin_tasks.load("mixtures")
 
     a, b = two_tasks
     assert mixtures.mixture(name="test_mix", tasks=[(a, 1.0), (b, 3.0)]) == "test_mix"
@@ -228,7 +229,7 @@ def test_mixture_draws_by_rate(two_tasks):
 
 
 def test_one_epoch_of_a_mixture(two_tasks):
-    from tasks import mixtures
+    mixtures = builtin_tasks.load("mixtures")
 
     a, b = two_tasks
     every_a = sorted(f"a{i}" for i in range(10))
@@ -245,7 +246,7 @@ def test_one_epoch_of_a_mixture(two_tasks):
 
 
 def test_mixture_errors(two_tasks):
-    from tasks import mixtures
+    mixtures = builtin_tasks.load("mixtures")
 
     a, _ = two_tasks
     with pytest.raises(TaskDataError, match="no task or mixture named 'nope'.*test_mix_a"):

@@ -1,6 +1,12 @@
-"""The seqio task factories a gin file calls (`MIXTURE_OR_TASK_NAME = @lm_task()`): each registers a task of tasks/ and returns its name."""
+"""The seqio task factories a gin file calls (`MIXTURE_OR_TASK_NAME = @lm_task()`).
+
+Each registers a task of the project's task modules (tasks/, see builtin_tasks.py) and returns
+its name, so the data directory is always visible in the config rather than hidden in code.
+"""
 
 from __future__ import annotations
+
+from t5x_lite.data import builtin_tasks
 
 
 def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
@@ -12,8 +18,7 @@ def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
       cache_dir: where `t5x-lite cache` wrote offline caches (its --output_cache_dir), read
         when DataConfig.use_cached is True.
     """
-    from tasks import lm
-
+    lm = builtin_tasks.load("lm")  # imports TensorFlow and seqio: only when called
     return lm.lm_task(name=name, data_dir=data_dir, cache_dir=cache_dir)
 
 
@@ -27,8 +32,7 @@ def span_corruption_task(*, name: str, data_dir: str, noise_density: float = 0.1
       noise_density: fraction of tokens replaced by sentinels.
       mean_noise_span_length: mean length of each corrupted span.
     """
-    from tasks import span_corruption
-
+    span_corruption = builtin_tasks.load("span_corruption")  # imports TensorFlow and seqio: only when called
     return span_corruption.span_corruption_task(name=name, data_dir=data_dir, noise_density=noise_density,
                                                 mean_noise_span_length=mean_noise_span_length)
 
@@ -40,8 +44,7 @@ def prefix_lm_task(*, name: str, data_dir: str) -> str:
       name: the seqio task name to register.
       data_dir: a directory written by `t5x-lite prepare`.
     """
-    from tasks import prefix_lm
-
+    prefix_lm = builtin_tasks.load("prefix_lm")  # imports TensorFlow and seqio: only when called
     return prefix_lm.prefix_lm_task(name=name, data_dir=data_dir)
 
 
@@ -57,8 +60,7 @@ def text_task(*, name: str, splits: dict[str, str], vocabulary: str, file_format
       text_field: the jsonl field, or the tf.train.Example bytes feature, holding the text.
       on_bad_line: 'fail' (stop, naming the file and line) or 'skip' (skip, count and warn).
     """
-    from tasks import text
-
+    text = builtin_tasks.load("text")  # imports TensorFlow and seqio: only when called
     return text.text_task(name=name, splits=splits, vocabulary=vocabulary, file_format=file_format,
                           text_field=text_field, on_bad_line=on_bad_line)
 
@@ -76,8 +78,7 @@ def text_to_text_task(*, name: str, splits: dict[str, str], vocabulary: str, met
       inputs_field: the jsonl field holding the inputs text.
       targets_field: the jsonl field holding the targets text.
     """
-    from tasks import text_to_text
-
+    text_to_text = builtin_tasks.load("text_to_text")  # imports TensorFlow and seqio: only when called
     return text_to_text.text_to_text_task(name=name, splits=splits, vocabulary=vocabulary, metrics=metrics,
                                           inputs_field=inputs_field, targets_field=targets_field)
 
@@ -92,6 +93,5 @@ def mixture(*, name: str, tasks: list[tuple[str, float]], exhaust_all_tasks: boo
       exhaust_all_tasks: one epoch ends when every task is used up (True) or at the first draw
         of a used-up task (False, seqio's default); see tasks/mixtures.py.
     """
-    from tasks import mixtures
-
+    mixtures = builtin_tasks.load("mixtures")  # imports TensorFlow and seqio: only when called
     return mixtures.mixture(name=name, tasks=tasks, exhaust_all_tasks=exhaust_all_tasks)

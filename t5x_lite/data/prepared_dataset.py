@@ -1,0 +1,143 @@
+"""The files of a prepared data directory: its sharded TFRecords and metadata.json, written and read back.
+
+Layout: `spm.model`/`spm.vocab`, `<split>-SSSSS-of-NNNNN.tfrecord` (tf.train.Examples with
+`targets`, the token ids without EOS, and `id`), and `metadata.json`, written last so that a
+directory holding it is complete. Shards are written under temporary names and renamed only once
+every shard is finished, so an interrupted run leaves no shard that looks whole.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import os
+from collections.abc import Iterable
+
+from t5x_lite import storage
+from t5x_lite.data.corpus import SPLITS, Document, split_of
+from t5x_lite.tf_setup import import_tensorflow
+
+FORMAT_VERSION = 1
+METADATA_FILE = "metadata.json"
+VOCAB_FILE = "spm.model"
+_TMP_SUFFIX = ".tmp"
+
+
+# ---------------------------------------------------------------------------------- shards
+
+
+@functools.cache
+def shard_paths(out_dir: str, split: str, num_shards: int) -> list[str]:
+    """`<out_dir>/<split>-SSSSS-of-NNNNN.tfrecord` for each shard."""
+    return [os.path.join(out_dir, f"{split}-{i:05d}-of-{num_shards:05d}.tfrecord")
+            for i in range(num_shards)]
+
+
+class _SplitWriter:
+    """Writes one split round-robin over its shards, under temporary names until `commit`."""
+
+    def __init__(self, tf, paths: list[str]):
+        self._tf = tf
+        self._paths = paths
+        self._writers = [tf.io.TFRecordWriter(path + _TMP_SUFFIX) for path in paths]
+        self.num_examples = 0
+        self.num_tokens = 0
+
+    def write(self, document_id: int, ids: list[int]) -> None:
+        feature = self._tf.train.Feature
+        example = self._tf.train.Example(features=self._tf.train.Features(feature={
+            "targets": feature(int64_list=self._tf.train.Int64List(value=ids)),
+            "id": feature(int64_list=self._tf.train.Int64List(value=[document_id])),
+        }))
+        # Deterministic: protobuf may order the feature map differently in another process.
+        record = example.SerializeToString(deterministic=True)
+        self._writers[self.num_examples % len(self._writers)].write(record)
+        self.num_examples += 1
+        self.num_tokens += len(ids)
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+    def commit(self) -> None:
+        """Gives the finished shards their final names."""
+        for path in self._paths:
+            os.replace(path + _TMP_SUFFIX, path)
+
+    def discard(self) -> None:
+        """Closes and deletes the unfinished shards."""
+        self.close()
+        for path in self._paths:
+            if os.path.exists(path + _TMP_SUFFIX):
+                os.remove(path + _TMP_SUFFIX)
+
+
+def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
+                 num_shards: dict[str, int], seed: int,
+                 validation_fraction: float) -> dict[str, dict]:
+    """Writes each split's records round-robin in document order; returns each split's counts.
+
+    Shards appear under their final names only once every shard is complete.
+    """
+    tf = import_tensorflow()
+    writers = {split: _SplitWriter(tf, shard_paths(out_dir, split, num_shards[split]))
+               for split in SPLITS}
+    try:
+        for document, ids in encoded:
+            split = split_of(document.key, seed=seed, validation_fraction=validation_fraction)
+            writers[split].write(document.id, ids)
+        for writer in writers.values():
+            writer.close()
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    for writer in writers.values():
+        writer.commit()
+    return {split: {"pattern": f"{split}-*-of-*.tfrecord", "num_shards": num_shards[split],
+                    "num_examples": writer.num_examples, "num_tokens": writer.num_tokens}
+            for split, writer in writers.items()}
+
+
+# -------------------------------------------------------------------- the directory as a whole
+
+
+def is_output(name: str) -> bool:
+    """Whether file `name` is the metadata or a shard of a prepared directory."""
+    return name == METADATA_FILE or any(fnmatch.fnmatch(name, f"{split}-*-of-*.tfrecord*")
+                                        for split in SPLITS)
+
+
+def clear_outputs(out_dir: str) -> None:
+    """Removes the metadata and shards of an earlier (possibly interrupted) run in `out_dir`."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in sorted(os.listdir(out_dir)):  # metadata.json sorts before the shards
+        if is_output(name):
+            os.remove(os.path.join(out_dir, name))
+
+
+def read_metadata(data_dir: str) -> dict | None:
+    """The metadata.json of a prepared directory (local, gs:// or s3://); None when it has none.
+
+    A local directory is read without TensorFlow; storage.StorageError for an unreachable store.
+    """
+    path = storage.join(data_dir, METADATA_FILE)
+    if not storage.is_url(data_dir):
+        if not os.path.isfile(path):
+            return None
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    if not storage.exists(path):
+        return None
+    with storage.open(path, "r") as f:
+        return json.load(f)
+
+
+def write_metadata(out_dir: str, metadata: dict) -> None:
+    """Writes `metadata` as the metadata.json of local `out_dir`, atomically (via a temporary name)."""
+    path = os.path.join(out_dir, METADATA_FILE)
+    with open(path + _TMP_SUFFIX, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=2)
+        f.write("\n")
+    os.replace(path + _TMP_SUFFIX, path)
