@@ -51,9 +51,17 @@ quickstart: install data
 	$(BIN)/t5x-lite sample --model_dir=runs/quickstart --prompt="class " --max_new_tokens=96
 
 # The generated configuration reference must match the code (and document every parameter).
+# lint-imports checks the one-way imports (pyproject.toml's import-linter contracts) first.
 test: install install-torch
+	$(BIN)/lint-imports
 	$(BIN)/t5x-lite config reference --out=docs/config_reference.md --check
 	$(BIN)/python -m pytest -q -n 2 tests
+
+# For quick iteration: the tests that start no process (no CLI run, no prepare, no cluster).
+.PHONY: test-fast
+test-fast: install
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -n 2 -m "not subprocess" tests
 
 clean:
 	rm -rf $(VENV) runs/quickstart

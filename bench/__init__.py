@@ -4,7 +4,7 @@
   compile_time   train-step compile time, scan_layers True vs False, by layer count
   remat_memory   compiled train-step memory (memory_analysis) for every remat policy
   throughput     train tokens/s and MFU of the LLaMA, GPT-2 and T5 families, fp32 and bf16
-  loop_overhead  loops.train and Trainer.train_step tokens/s vs. a bare jitted step of the same model
+  loop_overhead  training.loop.train and Trainer.train_step tokens/s vs. a bare jitted step of the same model
   input_pipeline input pipeline tokens/s vs. train-step consumption; epoch counting; iterator restore
   checkpoint     checkpoint save/restore GB/s vs. the disk's dd speed; async save blocked time
   decoding       generation tokens/s, KV cache vs. recompute; T5 beam search

@@ -1,6 +1,6 @@
 """checkpoint: save and restore seconds and GB/s of a full train state, next to the disk's own speed.
 
-The state is what `loops.train` saves: `checkpoint.to_saveable` of the state after one
+The state is what `training.loop.train` saves: `checkpoint.to_saveable` of the state after one
 `Trainer.train_step` from `Trainer.init_state` (step, float32 params, AdamW state: both moments,
 non-zero after the step, clipping and schedule counters) plus the dropout RNG key, of a
 decoder-only model (default: gin/models/decoder_125m.gin's shape with a 10240-token
@@ -70,7 +70,7 @@ def model_config(s: dict):
 
 
 def make_state(cfg) -> tuple[dict, dict]:
-    """(the saveable state after one train step, its abstract tree with shardings), as `loops.train` builds them."""
+    """(the saveable state after one train step, its abstract tree with shardings), as `training.loop.train` builds them."""
     from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 
     trainer = common.make_trainer(cfg)

@@ -177,7 +177,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def make_trainer(model_config: Any, *, total_steps: int = 10_000):
-    """A `Trainer` as `loops.train` builds one: default data-parallel mesh and rules, AdamW."""
+    """A `Trainer` as `training.loop.train` builds one: default data-parallel mesh and rules, AdamW."""
     from t5x_lite.parallel import partitioning
     from t5x_lite.training import trainer as trainer_lib
     from t5x_lite.training.optim import OptimizerConfig
@@ -233,7 +233,7 @@ def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep
 
 
 def flops_per_token(model_config: Any, length: int, inputs_length: int | None = None) -> float:
-    """The library's training FLOPs per (target) token, exactly as `loops.train` computes it for MFU."""
+    """The library's training FLOPs per (target) token, exactly as `training.loop.train` computes it for MFU."""
     from t5x_lite.models import train_flops_per_token
 
     return train_flops_per_token(model_config, targets_length=length, inputs_length=inputs_length)

@@ -13,10 +13,10 @@ packs them):
    rate (the peak), without the warmup-cosine schedule or gradient clipping.
 2. `Trainer.train_step`: `common.make_trainer` and `trainer.train_step(state, batch, rng)`, as
    `throughput` runs it.
-3. `loops.train`: the real loop in-process (a temporary model_dir, the LM task over the corpus,
+3. `training.loop.train`: the real loop in-process (a temporary model_dir, the LM task over the corpus,
    no eval, log_period --steps, train_steps (1 + --windows) x --steps, checkpoint only at the
    end); its speed is the median of the `tok/s` its reports print for the windows after the
-   first (which holds the compile): the same `train/tokens_per_second` that `loops.train`
+   first (which holds the compile): the same `train/tokens_per_second` that `training.loop.train`
    returns for its last window.
 
 Rows 1 and 2 start from the same parameters (the trainer's `init_state`, copied for row 1) and
@@ -24,7 +24,7 @@ train on one fixed batch of random tokens, made as `throughput` makes it (--pack
 segments per row, with the segment ids and positions packing adds), timed by
 `common.timed_steps`: --warmup_steps steps (compile included), then --windows windows of
 --steps steps, median seconds per step. tokens/s counts every row position (batch x seq_len),
-as `loops.train` does. The corpus: --data_dir, else data/python_stdlib when prepared, else one
+as `training.loop.train` does. The corpus: --data_dir, else data/python_stdlib when prepared, else one
 prepared now as `input_pipeline` prepares it.
 """
 
@@ -75,7 +75,7 @@ def corpus(data_dir: str) -> tuple[str, int]:
 def fixed_batch(cfg, s: dict) -> dict:
     """The batch of rows 1 and 2: random tokens in packed rows, as `throughput` trains on.
 
-    The features are the ones the LM pipeline gives `loops.train` (decoder input and target
+    The features are the ones the LM pipeline gives `training.loop.train` (decoder input and target
     tokens, loss weights, segment ids, positions); only the values differ.
     """
     return common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], packed_segments=s["packed_segments"])
@@ -174,7 +174,7 @@ def measure_trainer(batch: dict, s: dict, setup) -> dict:
 
 
 class _Tee:
-    """Stands in for stdout during `loops.train`: its lines go to stderr, kept with the time of each."""
+    """Stands in for stdout during `training.loop.train`: its lines go to stderr, kept with the time of each."""
 
     def __init__(self):
         self.lines: list[tuple[float, str]] = []
@@ -189,17 +189,17 @@ class _Tee:
 
 
 def measure_loop(cfg, task: str, s: dict, model_dir: str) -> dict:
-    """Row 3: `loops.train` for (1 + --windows) x --steps steps, reporting every --steps; the median
+    """Row 3: `training.loop.train` for (1 + --windows) x --steps steps, reporting every --steps; the median
     tokens/s of the windows after the first."""
     from t5x_lite.data import task_access
-    from t5x_lite.training import loop as loops
+    from t5x_lite.training import loop as training_loop
 
     n = s["steps"]
     train_data = task_access.DataConfig(task, split="train", sequence_length=s["seq_len"], batch_size=s["batch_size"],
                                  shuffle=True, pack=True, seed=0)
     log = _Tee()
     with contextlib.redirect_stdout(log):  # the loop's log lines are progress here; stdout is the report
-        result = loops.train(model_dir=model_dir, model=cfg, train_data=train_data, eval_data=None,
+        result = training_loop.train(model_dir=model_dir, model=cfg, train_data=train_data, eval_data=None,
                              train_steps=(1 + s["windows"]) * n, log_period=n, eval_period=0, checkpoint_period=0,
                              progress_bar=False)
     reports = {}  # step -> (time of its log line, tokens/s it printed)
@@ -247,7 +247,7 @@ def run(args, command: str) -> dict:
     if s["warmup_steps"] < 1 or s["steps"] < 1 or s["windows"] < 1:
         raise SystemExit("--warmup_steps, --steps and --windows must each be at least 1.")
     if s["packed_segments"] < 1:
-        raise SystemExit("--packed_segments must be at least 1: loops.train reads packed rows (segment ids and "
+        raise SystemExit("--packed_segments must be at least 1: training.loop.train reads packed rows (segment ids and "
                          "positions), and rows 1 and 2 take the same features.")
     with tempfile.TemporaryDirectory() as tmp:
         data_dir, data_source = resolve_data_dir(s["data_dir"], tmp, args.quick)
@@ -262,7 +262,7 @@ def run(args, command: str) -> dict:
         common.progress("loop_overhead: 2/3 Trainer.train_step")
         step = measure_trainer(batch, s, setup)
         del setup  # its state was donated to the steps
-        common.progress(f"loop_overhead: 3/3 loops.train, {(1 + s['windows']) * s['steps']} steps")
+        common.progress(f"loop_overhead: 3/3 training.loop.train, {(1 + s['windows']) * s['steps']} steps")
         loop = measure_loop(cfg, task, s, os.path.join(tmp, "model_dir"))
 
     trainer_vs_bare = step["tokens_per_s"] / bare["tokens_per_s"]
@@ -279,7 +279,7 @@ def run(args, command: str) -> dict:
             "-"),
         row("2. Trainer.train_step", step, f"{trainer_vs_bare:.3f}x", "1.000x", _pct(trainer_vs_bare), "-",
             f">= {TARGET_TRAINER_VS_BARE:.0%}: {met(trainer_vs_bare >= TARGET_TRAINER_VS_BARE)}"),
-        row("3. loops.train", loop, f"{loop['tokens_per_s'] / bare['tokens_per_s']:.3f}x",
+        row("3. training.loop.train", loop, f"{loop['tokens_per_s'] / bare['tokens_per_s']:.3f}x",
             f"{loop['tokens_per_s'] / step['tokens_per_s']:.3f}x", "-", _pct(overhead),
             f"< {TARGET_LOOP_OVERHEAD:.0%}: {met(overhead < TARGET_LOOP_OVERHEAD)}"),
     ]
@@ -313,9 +313,9 @@ def run(args, command: str) -> dict:
         f"Row 2: common.make_trainer + Trainer.train_step, as throughput runs it: mesh over {_devices()}, the "
         "library's cross entropy, clipping, warmup-cosine schedule (warm-up from 0, so its loss falls slowly "
         "here), grad norm, non-finite guard, metrics dict; the state donated.",
-        f"Row 3: loops.train in-process, {loop['steps']} steps, log_period {n}, no eval, a checkpoint only at the end "
+        f"Row 3: training.loop.train in-process, {loop['steps']} steps, log_period {n}, no eval, a checkpoint only at the end "
         "(outside every window). Its figure is the median over the windows after the first of the tok/s its "
-        "reports print (train/tokens_per_second, which loops.train also returns for its last window): per "
+        "reports print (train/tokens_per_second, which training.loop.train also returns for its last window): per "
         "step the next batch from the seqio pipeline, the host-to-device transfer, the step's dispatch, "
         "the metrics list, and the report's device_get; the report's TensorBoard write and log line run after "
         "that window's clock stops. First loss = the loop's step-0 check (eval_step on its first batch); last "

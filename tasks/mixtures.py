@@ -25,6 +25,7 @@ import functools
 import numbers
 
 from t5x_lite.tf_setup import import_tensorflow
+
 from .lm import TaskDataError
 
 tf = import_tensorflow()

@@ -13,6 +13,7 @@ import functools
 
 from t5x_lite import storage
 from t5x_lite.tf_setup import import_tensorflow
+
 from .lm import register_prepared_task
 
 import_tensorflow()

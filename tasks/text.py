@@ -26,6 +26,7 @@ import os
 from google.protobuf.message import DecodeError
 
 from t5x_lite.tf_setup import import_tensorflow
+
 from .lm import TaskDataError, replace_task
 
 tf = import_tensorflow()

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from t5x_lite.tf_setup import import_tensorflow
+
 from .lm import TaskDataError
 from .text import check_split_files, load_vocabulary
 

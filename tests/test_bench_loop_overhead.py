@@ -1,4 +1,4 @@
-"""bench/loop_overhead.py: bare jitted step, Trainer.train_step and loops.train, at --quick sizes on a tiny corpus."""
+"""bench/loop_overhead.py: bare jitted step, Trainer.train_step and training.loop.train, at --quick sizes on a tiny corpus."""
 
 import contextlib
 import io
@@ -60,6 +60,6 @@ def test_report_is_one_header_a_table_notes_and_settings(report):
     assert lines[0].startswith("**") and "command: `python -m bench loop_overhead --quick" in lines[0]
     rows = [line for line in lines if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows[1:]] == [
-        "1. bare jitted step", "2. Trainer.train_step", "3. loops.train"]
+        "1. bare jitted step", "2. Trainer.train_step", "3. training.loop.train"]
     assert lines[-1].startswith("settings: ") and "vocab_size=" in lines[-1]
     assert "step 0:" not in out  # the loop's own log lines go to stderr

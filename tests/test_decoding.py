@@ -204,7 +204,7 @@ def test_generate_matches_a_manual_loop_of_full_forward_passes():
     params = _decoder_params(LLAMA)
     expected = _manual_greedy(LLAMA, params, PROMPTS[0], MAX_NEW)
     assert _greedy_reference("llama_scan")[0] == expected
-    # `generate` (loops.sample_text's entry point) takes a module and one prompt.
+    # `generate` (inference.sample.sample_texts uses it) takes a module and one prompt.
     out = decoding.generate(model=LLAMA.make_module(), params=params, prompt=PROMPTS[0], max_new_tokens=MAX_NEW,
                             max_len=LLAMA.max_len, rng=jax.random.PRNGKey(5), temperature=0.0)
     assert out == expected

@@ -14,11 +14,10 @@ import pytest
 
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.estimate import accelerators
+from t5x_lite.estimate import accelerators, run_from_gin
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate import command as estimate
 from t5x_lite.estimate import memory as estimate_memory
-from t5x_lite.estimate import run_from_gin
 from t5x_lite.models import train_flops_per_token
 from tests.cli_helpers import run_cli
 

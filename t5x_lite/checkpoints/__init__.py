@@ -1,1 +1,19 @@
-"""TODO"""
+"""Checkpoints: saving and restoring a run's state, and reading a trained model back.
+
+Owns:
+  checkpoint.py      `Checkpointer` (Orbax, async saves, restore of the newest good step, damaged
+                     steps moved aside), `to_saveable`, the model- and structure-compatibility checks
+  retention.py       `RetentionPolicy`: last N, every K-th step, best N by a metric (pure)
+  s3_mirror.py       s3:// model directories: a local staging copy uploaded with a COMMITTED marker
+  init_from.py       `InitFrom`: a new run's parameters from another run, through a name mapping
+  restored_model.py  a checkpoint's model config, float32 params and vocabulary for eval and inference
+  info.py            `t5x-lite checkpoint info PATH`
+
+Public names: `checkpoint.Checkpointer`, `checkpoint.to_saveable`, `checkpoint.check_compatible`,
+`checkpoint.checkpoints_dir`, `checkpoint.locate`, `checkpoint.CheckpointNotFoundError`;
+`retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `flatten`,
+`unflatten`; `restored_model.restore`, `RestoredModel`.
+
+May import (pyproject.toml's layers contract): data, parallel, metrics, models, storage, errors,
+tf_setup.
+"""

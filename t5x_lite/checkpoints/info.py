@@ -13,6 +13,9 @@ import json
 import sys
 from typing import Any, Sequence
 
+import jax
+import numpy as np
+
 from t5x_lite import errors
 from t5x_lite.checkpoints import checkpoint
 
@@ -21,9 +24,6 @@ USAGE = "t5x-lite checkpoint info PATH [--step N] [--config]"
 
 def _array_summary(shapes: Any) -> dict[str, tuple[int, int, int]]:
     """{'params': (arrays, elements, bytes), 'opt_state': ...} from the saved array metadata."""
-    import jax
-    import numpy as np
-
     summary = {}
     for group, tree in shapes.items():
         leaves = [leaf for leaf in jax.tree.leaves(tree) if hasattr(leaf, "shape")]

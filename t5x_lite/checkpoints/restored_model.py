@@ -37,7 +37,7 @@ class RestoredModel:
         else the tokenizer.json of a converted Hugging Face model (MODEL_DIR/hf/, docs/interop.md)."""
 
         if storage.exists(self.vocabulary_file):
-            import seqio
+            import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
             return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
         tokenizer_json = storage.join(self.model_dir, "hf", "tokenizer.json")

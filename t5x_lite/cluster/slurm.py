@@ -21,7 +21,7 @@ from t5x_lite import errors, storage
 from t5x_lite.config import parsing as config
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.estimate import command as estimate
+from t5x_lite.estimate import layout, run_from_gin
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "launch" / "slurm" / "train.sbatch"
 
@@ -136,7 +136,7 @@ def check_run_fits(settings, job: SlurmJob, eval_batch_size: int | None) -> None
                 f"{name}={batch} does not divide over {where}; choose a node count whose processes divide "
                 f"the batch (e.g. --nodes={_nodes_that_fit(batch, job)}) or change the batch size.")
     try:
-        estimate.check_layout(settings, num_devices=job.num_devices)
+        layout.check_layout(settings, num_devices=job.num_devices)
     except ConfigValueError as e:
         raise ConfigValueError(f"On {job.num_devices} devices ({where}): {e}") from None
 
@@ -248,7 +248,7 @@ def main(argv: Sequence[str]) -> int:
             raise ConfigValueError(f"Give the run's --gin_file(s).\n{USAGE}")
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                            entry="train", check_macros=True)
-        settings = estimate.run_settings(resolved)
+        settings = run_from_gin.run_settings(resolved)
         model_dir = settings.model_dir
         if model_dir in (None, config_resolve.REQUIRED):
             raise ConfigValueError("The run has no MODEL_DIR; set --gin.MODEL_DIR=\"'/shared/runs/NAME'\" (a path "

@@ -8,6 +8,7 @@ import sys
 import threading
 from typing import Sequence
 
+import gin
 from t5x_lite import errors
 from t5x_lite.config import parsing as config
 from t5x_lite.config import registry
@@ -64,7 +65,6 @@ class Registration:
 
     def register(self) -> list[str]:
         """Registers the tasks; returns the gin config's task or mixture name (or nothing)."""
-        import gin
 
 
 
@@ -83,16 +83,15 @@ class Registration:
 
     def __call__(self) -> None:
         """Beam's setup hook: registers the tasks in a worker process that lacks them."""
-        import seqio
-
         with _REGISTRATION_LOCK:
+            import seqio  # seqio and TensorFlow load in seconds: only Beam workers need it here
+
             if not set(self.task_names) <= set(seqio.TaskRegistry.names()):
                 self.register()
 
 
 def _macro_value(name: str):
     """The value of gin macro `name` (None when unbound), evaluating `@factory()` references."""
-    import gin
 
     try:
         value = gin.query_parameter(f"%{name}")
@@ -129,7 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return 0
     with errors.reported():
-        import gin
 
 
         gin_files, bindings, search_paths, rest = config.split_gin_flags(argv)

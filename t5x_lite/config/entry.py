@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+import gin
 from t5x_lite import errors
 from t5x_lite.config import command as config_command
 from t5x_lite.config import parsing as config
@@ -37,7 +38,6 @@ def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
         distributed.setup(distributed_flags)
         if distributed.is_chief():
             config_command.print_unused_warnings(resolved)
-        import gin
 
         gin.get_configurable(configurable)()
     return 0

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Sequence
 
 import gin
+from gin import resource_reader
 from t5x_lite.config import registry
 from t5x_lite.errors import UserError
 
@@ -91,7 +92,6 @@ def _drop_package_path_reader() -> None:
     namespace package, such as a `runs/` model directory next to `runs/quickstart.gin`), and
     t5x_lite finds its files through search paths instead.
     """
-    from gin import resource_reader
 
     gin.config._FILE_READERS[:] = [  # noqa: SLF001 - gin has no API to unregister a reader
         (reader, exists) for reader, exists in gin.config._FILE_READERS  # noqa: SLF001

@@ -1,23 +1,29 @@
-"""The registry of configurables: every function and class a gin file may bind, by name."""
+"""The registry of configurables: every function and class a gin file may bind, by name.
+
+This is the one place where config/ reaches down into every job (training, evaluation,
+inference, data, checkpoints, models): the registry sits above them all in the import layers.
+"""
 
 from __future__ import annotations
 
 import gin
-from t5x_lite.checkpoints import init_from, retention
-from t5x_lite.data import task_access, task_factories
-from t5x_lite.evaluation import eval_loop
-from t5x_lite.inference import infer_loop, predict
-from t5x_lite.models import decoder_only, encoder_decoder
-from t5x_lite.training import loop as loops
-from t5x_lite.training import optim, trainer
 
 
 def register_configurables() -> None:
     """Makes the library's functions and config classes bindable by these gin names."""
     if any(selector.split(".")[-1] == "train" for selector, _ in registry_items()):
         return
+    # Imported here, not at the top, for start-up time: these modules load jax, flax, seqio and
+    # TensorFlow (seconds), and `--help` or `config` commands must not wait for them.
+    from t5x_lite.checkpoints import init_from, retention
+    from t5x_lite.data import task_access, task_factories
+    from t5x_lite.evaluation import eval_loop
+    from t5x_lite.inference import infer_loop, predict
+    from t5x_lite.models import decoder_only, encoder_decoder
+    from t5x_lite.training import loop as training_loop
+    from t5x_lite.training import optim, trainer
 
-    gin.external_configurable(loops.train, "train")
+    gin.external_configurable(training_loop.train, "train")
     gin.external_configurable(decoder_only.DecoderConfig, "DecoderConfig")
     gin.external_configurable(encoder_decoder.T5Config, "T5Config")
     gin.external_configurable(task_access.DataConfig, "DataConfig")

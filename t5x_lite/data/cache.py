@@ -24,7 +24,7 @@ class CacheError(UserError, ValueError):
 
 def pipeline_options(beam_flags: Sequence[str]):
     """Beam PipelineOptions from command-line flags (DirectRunner unless --runner is given)."""
-    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.options.pipeline_options import PipelineOptions  # Beam is heavy and only `cache` needs it
 
     flags = list(beam_flags)
     if not any(flag.split("=", 1)[0] == "--runner" for flag in flags):
@@ -66,9 +66,9 @@ def _check_output_cache_dir(path: str) -> str:
 def _add_task(pipeline, task, output_dir: str, *, setup: Callable[[], None], min_shards: int,
               max_shards: int) -> None:
     """Adds the steps that cache each split of `task` in `output_dir`, as seqio's cache_tasks_main."""
-    import apache_beam as beam
-    import seqio
-    from seqio import beam_utils
+    import apache_beam as beam  # Beam is heavy and only `cache` needs it
+    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
+    from seqio import beam_utils  # seqio and TensorFlow load in seconds: imported where first needed
 
     written = []
     for split in task.splits:
@@ -104,8 +104,8 @@ def cache_tasks(task_names: Sequence[str], output_cache_dir: str, *, registratio
     A task already cached in `output_cache_dir` is skipped unless `overwrite`. Each split gets
     max(its source shards, `min_shards`) output shards, at most `max_shards` (0: no limit).
     """
-    import apache_beam as beam
-    import seqio
+    import apache_beam as beam  # Beam is heavy and only `cache` needs it
+    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
     gfile = import_tensorflow().io.gfile
     output_cache_dir = _check_output_cache_dir(output_cache_dir)

@@ -109,7 +109,7 @@ def _trim_and_count(dataset, lengths: dict[str, int], stats: PipelineStats):
 def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: int,
                stats: PipelineStats | None = None):
     """One epoch of one data shard as a tf.data.Dataset of model-feature rows (unbatched)."""
-    import seqio
+    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
     tf = import_tensorflow()
     lengths = config.task_feature_lengths()
@@ -170,10 +170,11 @@ def count_batches(config: DataConfig, *, epoch: int, host_batch_size: int, shard
 
 def max_over_processes(epoch: int, local_steps: int) -> int:
     """The largest of every process's step count for `epoch` (a collective when multi-process)."""
-    import jax
+    import jax  # jax loads in seconds: imported where first needed, so commands that need no device start fast
 
     if jax.process_count() == 1:
         return local_steps
+    # jax loads in seconds: imported where first needed, so commands that need no device start fast
     from jax.experimental import multihost_utils
 
     return int(np.max(multihost_utils.process_allgather(np.asarray(local_steps, np.int64))))

@@ -1,6 +1,6 @@
 """SeqIO glue: which task and split a run reads, with which feature converter and lengths.
 
-The batches themselves come from `t5x_lite.input_pipeline`.
+The batches themselves come from `t5x_lite.data.input_pipeline`.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ FEATURE_CONVERTERS = {
 
 def get_task(name: str):
     """The registered seqio task or mixture `name`, with the list of known names on a miss."""
-    import seqio
+    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
     import_tensorflow()
     try:

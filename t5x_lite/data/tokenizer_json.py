@@ -18,7 +18,7 @@ class TokenizerJsonVocabulary:
 
     def __init__(self, path: str, *, eos_id: int | None):
         try:
-            import tokenizers
+            import tokenizers  # optional: only tokenizer.json vocabularies need it
         except ImportError:
             raise TaskDataError(f"{path} is a Hugging Face tokenizer, which needs the `tokenizers` package: "
                                 "run `make install-torch` (requirements/torch.txt pins it).") from None

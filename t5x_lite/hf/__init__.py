@@ -1,8 +1,22 @@
 """Hugging Face interop: `t5x-lite convert from-hf` and `convert to-hf` (docs/interop.md).
 
-safetensors_files.py reads and writes the tensor files (numpy, no PyTorch); config_json.py
-reads config.json fields with errors by name; rules.py is the data-driven name mapping;
-llama.py, gpt2.py and t5.py hold each family's config translation and rules; convert.py runs
-a conversion either way; tokenizer.py makes a converted tokenizer.json a vocabulary; command.py
-is the command line.
+Owns:
+  command.py            the command line of `convert from-hf | to-hf`
+  convert.py            a conversion either way: config.json <-> model config, tensors <-> checkpoint
+  safetensors_files.py  reads and writes the tensor files one tensor at a time (numpy, no PyTorch)
+  config_json.py        config.json fields read with errors by field name (`require`, `choice`)
+  rules.py              the name mapping as data: `Rule`, `Stack`, `Mapping`, `expand`
+  families.py           which family module converts a config.json or a model config
+  llama.py, gpt2.py, t5.py  each family's config translation and rules
+  errors.py             `ConversionError`, the one bad-input error of a conversion
+
+A converted model's tokenizer.json is read by data/tokenizer_json.py (checkpoints/ needs it, and
+may not import hf/).
+
+Public names: `command.main` (cli.py); `convert.from_hf`, `convert.to_hf` and the family modules'
+`mapping` are used by tests and docs only.
+
+May import (pyproject.toml's layers contract): estimate, config, training, evaluation, inference,
+checkpoints, data, parallel, metrics, models, storage, errors, tf_setup. Not cluster, its sibling
+on the same layer.
 """

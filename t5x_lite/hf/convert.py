@@ -18,6 +18,8 @@ import re
 import shutil
 from typing import Any, Callable, Iterator
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import storage
@@ -51,8 +53,6 @@ def read_hf_config(model_dir: str) -> dict[str, Any]:
 
 def abstract_params(model: Any) -> dict[str, Any]:
     """{'/'-joined parameter path: ShapeDtypeStruct} of `model`, without allocating it."""
-    import jax
-    import jax.numpy as jnp
 
 
     tokens = jnp.zeros((1, 8), jnp.int32)
@@ -242,7 +242,7 @@ def _token_ids(model_dir: str) -> dict[str, int]:
     path = storage.join(model_dir, "vocab", "spm.model")
     if not storage.exists(path):
         return {}
-    import sentencepiece
+    import sentencepiece  # only to-hf needs it
 
     with storage.open(path, "rb") as f:
         vocabulary = sentencepiece.SentencePieceProcessor(model_proto=f.read())

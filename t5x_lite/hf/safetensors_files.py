@@ -36,7 +36,7 @@ class TensorFiles:
     """The tensors of a local model folder, opened lazily; `read` loads one tensor."""
 
     def __init__(self, folder: str):
-        from safetensors import safe_open
+        from safetensors import safe_open  # only convert needs it
 
         self.folder = folder
         index_path = os.path.join(folder, INDEX_FILE)

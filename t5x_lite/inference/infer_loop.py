@@ -15,6 +15,8 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
+import jax
+
 from t5x_lite import storage
 from t5x_lite.checkpoints import restored_model
 from t5x_lite.data import task_access, task_modules
@@ -181,8 +183,6 @@ def _shard(shard_index: int | None, num_shards: int | None) -> tuple[int, int]:
         raise ConfigValueError("Set both infer.shard_index and infer.num_shards, or neither (one shard per "
                                "JAX process).")
     if shard_index is None:
-        import jax
-
         return jax.process_index(), jax.process_count()
     return shard_index, num_shards
 

@@ -1,5 +1,7 @@
 """`t5x-lite sample --model_dir=DIR --prompt=TEXT`: generate text from a trained checkpoint.
 
+`sample_texts` is also what the train loop prints at each evaluation (training/hooks.py).
+
 Reads everything from the model directory (the checkpoint's metadata gives the model's
 sizes, vocab/spm.model the vocabulary), so no gin file is needed.
 """
@@ -15,8 +17,19 @@ import jax
 from t5x_lite import errors
 from t5x_lite.checkpoints import restored_model
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.inference import decoding, sample
+from t5x_lite.inference import decoding
 from t5x_lite.models import ModelConfig
+
+
+def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: Sequence[str],
+                 max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 1.0) -> list[str]:
+    """Decodes a sampled continuation of each prompt as text (one batch, KV-cached)."""
+    tokens = decoding.generate_batch(
+        model=model, params=params, prompts=[list(vocabulary.encode(p)) for p in prompts],
+        max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed), temperature=temperature, top_k=top_k,
+        top_p=top_p, eos_id=vocabulary.eos_id)
+    return [vocabulary.decode(t) for t in tokens]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -31,28 +44,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with errors.reported():
-
         restored = restored_model.restore(args.model_dir, step=args.step)
         if restored.config.family != "decoder_only":
             raise ConfigValueError(f"{args.model_dir} holds a {restored.config.family} model; `sample` continues "
                                    "text with decoder-only models (use `t5x-lite infer` for encoder-decoders).")
-        [text] = sample.sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
-                                    prompts=[args.prompt], max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                    temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        [text] = sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
+                              prompts=[args.prompt], max_new_tokens=args.max_new_tokens, seed=args.seed,
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
         print(f"[step {restored.step}]\n{args.prompt}{text}")
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: Sequence[str],
-                 max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 1.0) -> list[str]:
-    """Decodes a sampled continuation of each prompt as text (one batch, KV-cached)."""
-    tokens = decoding.generate_batch(
-        model=model, params=params, prompts=[list(vocabulary.encode(p)) for p in prompts],
-        max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed), temperature=temperature, top_k=top_k,
-        top_p=top_p, eos_id=vocabulary.eos_id)
-    return [vocabulary.decode(t) for t in tokens]

@@ -1,4 +1,4 @@
-"""Step metrics: pure throughput/MFU arithmetic, and writers for stdout and TensorBoard."""
+"""Metric writers: stdout lines with a progress bar, and TensorBoard event files."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class MetricsWriter:
 
     def _writer(self, name: str):
         if name not in self._writers:
-            from tensorboard.summary import Writer
+            from tensorboard.summary import Writer  # only the chief process writes TensorBoard events
 
             self._writers[name] = Writer(os.path.join(self._logdir, name))
         return self._writers[name]

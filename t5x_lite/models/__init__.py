@@ -1,7 +1,24 @@
-"""Flax linen model families and their losses.
+"""Models: Flax linen model families, their building blocks and their losses.
 
-Each family's config dataclass (`DecoderConfig`, `T5Config`) has a `family` name, builds its
-module with `make_module()`, and counts its parameters and training FLOPs.
+Owns:
+  decoder_only.py        `DecoderConfig` and `Decoder`: the LLaMA-style or GPT-2-style LM
+  encoder_decoder.py     `T5Config` and `EncoderDecoder`: T5 v1.1
+  config_base.py         what both config dataclasses share: dtype, validation helpers, a dict form
+  layers.py              masks, RoPE, relative position buckets, norms, `Embed`, `Dense`, attention,
+                         MLP; every parameter named by logical axes
+  explicit_attention.py  softmax attention with a written-out backward pass ('explicit', CPU)
+  projection.py          every dense layer's dot, with a written-out backward pass
+  stack.py               layer stacking (`scan_with_axes` or a loop) and remat policies by name
+  losses.py              cross entropy with z-loss and label smoothing, as sums plus token counts
+
+Each family's config dataclass has a `family` name, builds its module with `make_module()`, and
+counts its parameters and training FLOPs. Public names (defined here): `ModelConfig`,
+`CONFIG_CLASSES`, `train_flops_per_token`, `config_from_dict`; and `DecoderConfig`, `T5Config`,
+`stack.check_backend_supports`, `losses.weighted_loss_sums`, `losses.cross_entropy_with_logits`.
+
+May import: `t5x_lite.errors` and `t5x_lite.tf_setup` only. Models name logical axes and never
+import data, training, checkpoints, config, evaluation, inference, parallel, metrics or storage
+(pyproject.toml's layers contract and its "Models know nothing" contract).
 """
 
 from __future__ import annotations

@@ -1,1 +1,15 @@
-"""TODO"""
+"""Parallelism: device meshes, logical-axis rules, and the processes of a multi-host run.
+
+Owns:
+  partitioning.py  meshes from (axis, size) pairs, logical-axis rule tables -> `NamedSharding`s,
+                   host-local batches -> global arrays, which data shard each process reads
+  distributed.py   which processes form the run (flags, SLURM, Cloud TPU) and joining them
+                   (`jax.distributed.initialize`) before any device is used
+
+Public names: `partitioning.make_mesh`, `rules_for_mesh`, `num_batch_shards`, `batch_sharding`,
+`tree_shardings`, `host_batch_to_global`, `process_data_shard`, `LogicalRules`, `DEFAULT_RULES`;
+`distributed.parse_flags`, `setup`, `is_chief`, `FLAGS_HELP`.
+
+May import (pyproject.toml's layers contract): models, storage, errors, tf_setup. Not metrics,
+its sibling on the same layer.
+"""

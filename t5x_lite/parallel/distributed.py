@@ -261,7 +261,7 @@ def wait_for_coordinator(address: str, *, timeout_seconds: float, poll_seconds: 
 
 def initialize(group: ProcessGroup, *, timeout_seconds: int = 300) -> None:
     """Joins `group` (jax.distributed.initialize); call before anything touches a device."""
-    import jax
+    import jax  # jax loads in seconds: imported where first needed, so commands that need no device start fast
 
     # Only the CPU backend reads this: CPU processes exchange arrays through gloo.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -298,7 +298,7 @@ def setup(flags: DistributedFlags) -> ProcessGroup | None:
         return None
     initialize(group, timeout_seconds=flags.timeout_seconds)
     if not is_chief():
-        import absl.logging
+        import absl.logging  # only to quiet multi-process logging
 
         absl.logging.set_verbosity(absl.logging.WARNING)
     return group
@@ -306,6 +306,6 @@ def setup(flags: DistributedFlags) -> ProcessGroup | None:
 
 def is_chief() -> bool:
     """Whether this is process 0, the one that writes logs, metrics and single files."""
-    import jax
+    import jax  # jax loads in seconds: imported where first needed, so commands that need no device start fast
 
     return jax.process_index() == 0

@@ -49,7 +49,7 @@ def join(base: str, *names: str) -> str:
 
 def _s3():
     """The s3 filesystem; fsspec keeps one instance per process (and makes a new one after a fork)."""
-    import s3fs
+    import s3fs  # s3fs (and aiobotocore) load slowly; only s3:// paths need them
 
     return s3fs.S3FileSystem()
 
@@ -60,7 +60,7 @@ def _gfile():
 
 def _s3_call(path: str, fn, *args, **kwargs):
     """Calls s3fs, turning a missing-credentials failure into a message that says what to set."""
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError  # only s3:// paths need it
 
     try:
         return fn(*args, **kwargs)

@@ -1,1 +1,28 @@
-"""TODO"""
+"""Training: the train loop, read top to bottom, with its hooks beside it, and the jitted steps.
+
+Owns:
+  loop.py        `train` (the gin configurable): checks the run, sets it up, then `run_steps`,
+                 the loop itself: a step, then each hook; stops at the step or epoch limit
+  run_spec.py    `RunSpec`, one description of a run, and the checks of its sizes
+                 (`check_layout`, `check_vocabulary`) that train, estimate and launch share;
+                 the checkpoint metadata a resumed run is compared with
+  startup.py     before the first step: check the model directory, build the data iterator,
+                 write config.gin and vocab/, restore the latest good checkpoint or initialise
+  hooks.py       what happens beside stepping: `StepMetrics` (reports, the NaN/Inf check),
+                 `EpochLog`, `Evaluation`, `Samples`, `Checkpoints`
+  trainer.py     `TrainState`, `LossConfig`, `Trainer`: sharded init, jitted train and eval steps
+  optim.py       `OptimizerConfig`: AdamW, warmup + cosine schedule, clipping, weight-decay mask
+  periods.py     every N steps or N epochs (`eval_period`, `checkpoint_period`)
+  validation.py  the validation loss, and pipeline errors turned into messages that name the fix
+  reporting.py   what the loop prints: window summaries, epoch stats, the initial-loss check
+  preemption.py  SIGTERM or JAX's preemption notice -> save, then `Preempted` (exit 75)
+  profiling.py   `train.profile_steps`: a jax.profiler trace of chosen steps
+
+Public names: `loop.train`; `optim.OptimizerConfig`; `trainer.LossConfig`, `trainer.Trainer`,
+`trainer.compiled_memory_bytes`; `run_spec.RunSpec`, `run_spec.check_layout`;
+`preemption.Preempted`, `preemption.EXIT_PREEMPTED` (train.py).
+
+May import (pyproject.toml's layers contract): evaluation, inference, checkpoints, data,
+parallel, metrics, models, storage, errors, tf_setup. Not config: gin binds `train`'s keyword
+arguments from above; the loop reads only gin's operative config text to save it.
+"""

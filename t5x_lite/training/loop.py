@@ -162,7 +162,7 @@ def train(
             peak_flops_per_device=peak_flops_per_device, stop_on_nonfinite=on_nonfinite == "stop")
         samples = hooks.Samples(writer=writer, model=model, vocabulary=vocabulary, prompts=prompts,
                                 max_new_tokens=sample_max_new_tokens, seed=seed, at_end_too=eval_data is None)
-        evaluation = eval_data and hooks.Evaluation(
+        evaluation = None if eval_data is None else hooks.Evaluation(
             writer=writer, trainer=trainer, data=spec.eval_data, period=eval_every, train_steps=train_steps,
             max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
             encode=lambda text: list(vocabulary.encode(text)), samples=samples)
@@ -183,7 +183,7 @@ def train(
             state=start.state, dropout_rng=start.dropout_rng, trainer=trainer, iterator=data.iterator,
             train_steps=train_steps, num_epochs=num_epochs, profiler=profiler, checkpoints=checkpoints,
             step_hooks=[step_metrics, hooks.EpochLog(writer=writer, iterator=data.iterator),
-                   *filter(None, [evaluation]), checkpoints, samples],
+                        *([evaluation] if evaluation else []), checkpoints, samples],
             watcher=cleanup.enter_context(PreemptionWatcher()), initial_loss_check=initial_loss_check)
     return {**{f"train/{k}": v for k, v in step_metrics.last.items()},
             **{f"eval/{k}": v for k, v in (evaluation.last if evaluation else {}).items()}, "step": info.step}

@@ -11,6 +11,7 @@ import signal
 import threading
 
 import jax
+from jax.experimental import multihost_utils
 
 # EX_TEMPFAIL from sysexits.h: a temporary failure; run the same command again to continue.
 EXIT_PREEMPTED = 75
@@ -55,8 +56,6 @@ class PreemptionWatcher:
         makes them all agree on the same step, so they save together.
         """
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             if multihost_utils.reached_preemption_sync_point(step):
                 return self._reason or "preemption notice"
             return None

@@ -1,0 +1,163 @@
+"""Memory per device of the train step: by arithmetic, and (with `--compile`) XLA's own analysis.
+
+The arithmetic sizes the real train state (`Trainer.abstract_state`, nothing allocated) under
+each array's PartitionSpec, adds gradients, and roughly sizes activations and logits from the
+remat policy. `compiled_memory` lowers and compiles the real train step on the mesh and reads
+XLA's memory analysis, the number to plan by on the target hardware.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_lite.errors import ConfigValueError
+from t5x_lite.estimate import arithmetic as estimate_math
+from t5x_lite.estimate.layout import logical_shards, rules_for_mesh_shape
+from t5x_lite.estimate.run_from_gin import RunSettings
+from t5x_lite.models import stack
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
+
+
+def example_batch(train_data: Any, rows: int) -> dict[str, Any]:
+    """Zero int32 arrays with the features (and packing features) the train step receives."""
+    shapes = dict(train_data.model_feature_shapes(rows))
+    targets = shapes["decoder_input_tokens"]
+    shapes.update(decoder_target_tokens=targets, decoder_loss_weights=targets)
+    if train_data.pack:
+        prefixes = ["decoder"] + (["encoder"] if "encoder_input_tokens" in shapes else [])
+        for prefix in prefixes:
+            length = shapes[f"{prefix}_input_tokens"]
+            shapes.update({f"{prefix}_segment_ids": length, f"{prefix}_positions": length})
+    return {name: np.zeros(shape, np.int32) for name, shape in shapes.items()}
+
+
+def _trainer(settings: RunSettings, mesh: Any) -> Any:
+    """The run's Trainer on `mesh`, built as `train` builds it."""
+    total_steps = max(settings.train_steps or 1, 1)  # the schedule's length changes no shape
+    return trainer_lib.Trainer.for_run(model=settings.model, optimizer=settings.optimizer, total_steps=total_steps,
+                                       mesh=mesh, rules=settings.logical_axis_rules, loss=settings.loss,
+                                       microbatches=settings.microbatches)
+
+
+def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int]) -> dict[str, int]:
+    """Bytes per device of parameters, optimizer state and step of the train state, by arithmetic.
+
+    The state's shapes and logical partitioning come from `Trainer.abstract_state` (the same code
+    the train loop uses, under jax.eval_shape: nothing is allocated) on a one-device mesh with
+    the run's axis names; each array's mesh PartitionSpec is then applied to `mesh_shape`.
+    Also returns the parameter tree's element count, as a check of `num_params()`.
+    """
+    mesh = partitioning.make_mesh(axes=[(name, 1) for name in mesh_shape], devices=jax.devices()[:1])
+    state = _trainer(settings, mesh).abstract_state(example_batch(settings.train_data, rows=1))
+
+    def total(tree) -> int:
+        return sum(estimate_math.per_device_elements(shape=leaf.shape, shards=estimate_math.spec_shards(leaf.sharding.spec, mesh_shape))
+                   * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+
+    return {"params": total(state.params), "optimizer_state": total(state.opt_state), "step": total(state.step),
+            "tree_params": sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state.params))}
+
+
+def uses_fused_attention(model: Any, *, platform: str) -> bool:
+    """Whether the model's attention runs as cuDNN's fused (flash) kernel on `platform`, which keeps
+    no [length x length] scores; mirrors layers.attention_implementation ('auto': GPU, 16-bit, head_dim
+    a multiple of 8 up to 128). The T5 model always uses XLA's attention."""
+    choice = getattr(model, "attention_implementation", "xla")
+    if choice != "auto":
+        return choice == "cudnn"
+    return (platform == "gpu" and model.dtype in ("bfloat16", "float16") and model.head_dim % 8 == 0
+            and model.head_dim <= 128)
+
+
+def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *,
+                         fused_attention: bool = False) -> dict[str, Any]:
+    """Rough activation and logits bytes per device for the model, batch, mesh and remat policy.
+
+    With `fused_attention` no attention scores are kept (a flash kernel recomputes them).
+    """
+    model, data = settings.model, settings.train_data
+    rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
+    batch_shards, _, heads_shards, _ = logical_shards(("batch", "length", "heads", "kv"), rules, mesh_shape)
+    mlp_shards = logical_shards(("batch", "length", "mlp"), rules, mesh_shape)[2]
+    vocab_shards = logical_shards(("batch", "length", "vocab"), rules, mesh_shape)[2]
+    rows = data.batch_size // batch_shards // settings.microbatches
+    common = dict(policy=model.remat_policy, dtype_bytes=jnp.dtype(model.dtype).itemsize, width=model.emb_dim,
+                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations))
+    q = model.num_heads * model.head_dim / heads_shards
+    heads = 0 if fused_attention else model.num_heads / heads_shards  # rows of scores kept per token
+    length = data.sequence_length
+    if model.family == "encoder_decoder":
+        inputs = data.inputs_length or length
+        enc = estimate_math.activation_bytes(num_layers=model.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q,
+                               scores=heads * inputs, **common)
+        # Decoder layers: self- and cross-attention, each counted like one attention block.
+        dec = estimate_math.activation_bytes(num_layers=model.num_decoder_layers, tokens=rows * length, q=2 * q, kv=4 * q,
+                               scores=heads * (length + inputs), **common)
+        device, host = enc[0] + dec[0], enc[1] + dec[1]
+    else:
+        kv = 2 * model.num_kv_heads * model.head_dim / heads_shards
+        device, host = estimate_math.activation_bytes(num_layers=model.num_layers, tokens=rows * length, q=q, kv=kv,
+                                        scores=heads * length, **common)
+    logits = estimate_math.logits_bytes(tokens=rows * length, vocab_size=model.vocab_size, vocab_shards=vocab_shards)
+    return {"rows_per_device": rows, "remat_policy": model.remat_policy, "dtype": model.dtype,
+            "attention": "cuDNN flash attention" if fused_attention else "XLA attention (scores kept)",
+            "activations": device, "activations_host": host, "logits": logits}
+
+
+def memory_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *, platform: str) -> dict[str, Any]:
+    """Per-device bytes by arithmetic: the train state (exact), gradients, and rough activations and logits."""
+    state = state_bytes_per_device(settings, mesh_shape)
+    gradients = state["params"] * (1 if settings.microbatches == 1 else 2)  # + the accumulator
+    train_state = state["params"] + state["optimizer_state"] + state["step"]
+    fused = uses_fused_attention(settings.model, platform=platform)
+    acts = activations_estimate(settings, mesh_shape, fused_attention=fused)
+    return {"method": "arithmetic", **state, "gradients": gradients, "train_state": train_state,
+            "state_total": train_state + gradients, **acts,
+            "total": train_state + gradients + acts["activations"] + acts["logits"]}
+
+
+def ensure_devices(num_devices: int) -> list[Any]:
+    """The first `num_devices` JAX devices, or a clear error when JAX started with fewer."""
+    devices = jax.devices()
+    if len(devices) < num_devices:
+        platform = devices[0].platform
+        hint = ("JAX had already started; run the command in a fresh process" if platform == "cpu" else
+                "compile on host CPU devices instead with JAX_PLATFORMS=cpu")
+        raise ConfigValueError(f"--compile on --num_devices={num_devices} needs {num_devices} devices, but JAX has "
+                               f"{len(devices)} {platform} device(s); {hint}, or lower --num_devices.")
+    return devices[:num_devices]
+
+
+def request_cpu_devices(num_devices: int) -> None:
+    """Asks JAX for `num_devices` host CPU devices (what XLA_FLAGS=--xla_force_host_platform_device_count=N
+    does); a no-op once JAX's backends have started (then `ensure_devices` checks the count)."""
+    try:
+        jax.config.update("jax_num_cpu_devices", num_devices)
+    except RuntimeError:  # backends already initialised
+        pass
+
+
+def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any]:
+    """XLA's memory analysis per device of the real train step, lowered and compiled on the mesh.
+
+    Nothing runs and nothing is allocated: the state and batch are abstract. `total` is
+    arguments + outputs - aliased (the donated state) + temp, the usual estimate of the peak.
+    """
+    devices = ensure_devices(num_devices)
+    stack.check_backend_supports(settings.model.remat_policy, devices[0])
+    mesh = partitioning.make_mesh(axes=settings.mesh_axes, devices=devices)
+    trainer = _trainer(settings, mesh)
+    batch = example_batch(settings.train_data, rows=settings.train_data.batch_size)
+    start = time.perf_counter()
+    compiled = trainer.lower_train_step(batch).compile()
+    seconds = time.perf_counter() - start
+    batch_bytes = sum(v.nbytes for v in batch.values()) // partitioning.num_batch_shards(mesh, trainer.rules)
+    return {**trainer_lib.compiled_memory_bytes(compiled.memory_analysis()), "batch": batch_bytes,
+            "device": f"{num_devices} x {devices[0].device_kind}", "lower_and_compile_seconds": round(seconds, 2)}
