@@ -272,7 +272,7 @@ def test_wait_for_coordinator_times_out_naming_the_address():
 
 JOIN = textwrap.dedent("""
     import json, sys
-    from t5x_lite import distributed
+    from t5x_lite.parallel import distributed
     flags, rest = distributed.parse_flags(sys.argv[1:])
     assert rest == [], rest
     group = distributed.setup(flags)

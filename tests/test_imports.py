@@ -38,3 +38,60 @@ def test_gin_files_resolve_from_an_installed_wheel(tmp_path):
     gin_dir, num_layers = out.stdout.split()
     assert gin_dir == str(tmp_path / "site" / "t5x_lite" / "gin_configs")
     assert int(num_layers) > 0
+
+
+def _own_import_graph():
+    """{module: modules of the package it imports}, imports inside functions included (grimp reads them all)."""
+    import grimp
+
+    graph = grimp.build_graph("t5x_lite")
+    return {m: graph.find_modules_directly_imported_by(m) for m in graph.modules}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), i.e. the import cycles."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph[module]:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles_even_through_imports_inside_functions():
+    graph = _own_import_graph()
+    assert len(graph) > 50  # the whole package was read
+    assert _cycles(graph) == []
+
+
+def test_modules_are_small_and_the_top_level_is_short():
+    package = ROOT / "t5x_lite"
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in package.rglob("*.py")}
+    assert {p: n for p, n in sizes.items() if n > 500} == {}
+    assert len(list(package.glob("*.py"))) <= 15

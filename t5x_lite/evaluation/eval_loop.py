@@ -17,8 +17,9 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, restored_model
 from t5x_lite.data import task_access, task_modules
 from t5x_lite.errors import ConfigValueError, TaskDataError
-from t5x_lite.evaluation import multiple_choice, seqio_metrics
+from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
 from t5x_lite.evaluation import perplexity as perplexity_eval
+from t5x_lite.evaluation import seqio_metrics
 from t5x_lite.inference import predict
 from t5x_lite.metrics import writer as metrics
 from t5x_lite.models import ModelConfig
@@ -200,7 +201,7 @@ class _Evaluators:
         self.documents = _documents(perplexity) if perplexity else None
         self.multiple_choice = list(multiple_choice)
         for mc in self.multiple_choice:
-            multiple_choice.read_hellaswag(mc.path)  # a missing or malformed file fails before any checkpoint is read
+            multiple_choice_lib.read_hellaswag(mc.path)  # a missing or malformed file fails before any checkpoint is read
         self.seqio = []
         if seqio_evals:
 
@@ -271,8 +272,8 @@ def _documents(cfg: PerplexityEval) -> list[list[int]]:
 def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, params: Any,
                               encode: Callable[[str], list[int]]) -> dict[str, float]:
     """acc / acc_norm of one multiple-choice set with these params (also run during training)."""
-    examples = multiple_choice.read_hellaswag(mc.path)[:mc.max_examples]
-    return multiple_choice.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
+    examples = multiple_choice_lib.read_hellaswag(mc.path)[:mc.max_examples]
+    return multiple_choice_lib.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
                                             batch_size=mc.batch_size)
 
 
