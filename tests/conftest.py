@@ -68,7 +68,7 @@ def small_data_dir(tmp_path_factory):
 def trained_run(data_dir, tmp_path_factory):
     """(model directory, stdout) of the CLI's main tiny run, trained once per test run: 40 steps
     with evaluations at 20 and 40, multiple choice, samples and a profile of steps 5-7.
-    tests/test_cli_run.py checks what it printed and wrote; other tests start from it or point
+    tests/cli/test_cli_run.py checks what it printed and wrote; other tests start from it or point
     at it (read it only: copy it to change it)."""
     import json
 

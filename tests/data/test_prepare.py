@@ -132,7 +132,7 @@ def test_another_process_with_other_workers_gives_identical_files(corpus, prepar
 
     out_dir, _ = prepared
     again = tmp_path / "again"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-m", "t5x_lite.data.prepare", f"--input={corpus[0]}", f"--out={again}",
                     f"--vocab_size={VOCAB_SIZE}", "--num_shards=3", "--validation_fraction=0.2",
                     "--num_workers=1"], cwd=root, check=True, capture_output=True,

@@ -21,7 +21,7 @@ from t5x_lite.estimate import memory as estimate_memory
 from t5x_lite.models import train_flops_per_token
 from tests.cli_helpers import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL_FILES = sorted((ROOT / "gin" / "models").glob("*.gin"))
 # A quickstart run small enough to compile in a few seconds.
 SMALL_RUN = ["BATCH_SIZE=8", "SEQUENCE_LENGTH=32", "DecoderConfig.num_layers=2", "DecoderConfig.vocab_size=512",

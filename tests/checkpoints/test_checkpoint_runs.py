@@ -11,7 +11,7 @@ import time
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint
 from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
-from tests.test_cli_run import assert_trees_equal, final_params
+from tests.cli.test_cli_run import assert_trees_equal, final_params
 
 STEPS = 10
 # Dropout on, so that the saved RNG key matters; warmup and decay, so that the schedule does.
@@ -45,8 +45,8 @@ def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
     """A run on 8 devices (fsdp x tensor) killed with SIGKILL, restarted, stopped with SIGTERM,
     restarted again, ends with the same parameters, bit for bit, as the run never interrupted.
     The kill points are random: any step, during or between (asynchronous) checkpoint writes.
-    (Meshes match one device: tests/test_trainer.py, test_parallelism.py. Several processes:
-    tests/test_slurm.py.)"""
+    (Meshes match one device: tests/training/test_trainer.py, test_parallelism.py. Several processes:
+    tests/cluster/test_slurm.py.)"""
     rng = random.Random()
     kill_at, kill_delay = rng.randint(3, 5), rng.uniform(0.0, 0.03)
     term_at, term_delay = rng.randint(6, 7), rng.uniform(0.0, 0.03)

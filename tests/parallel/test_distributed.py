@@ -26,7 +26,7 @@ from t5x_lite.parallel.distributed import (
     ProcessGroup,
 )
 from tests.cli_helpers import ROOT, run_cli, train
-from tests.test_bad_input import assert_bad_input
+from tests.cli.test_bad_input import assert_bad_input
 
 
 def free_port() -> int:

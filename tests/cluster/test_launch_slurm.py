@@ -1,6 +1,6 @@
 """`t5x-lite launch slurm` without a cluster: the rendered sbatch script (--dry-run), the argv its
 srun line really passes (run with bash against a fake `srun`), submission through a fake `sbatch`,
-and bad input (exit 2, nothing written, nothing submitted). tests/test_slurm.py runs real jobs.
+and bad input (exit 2, nothing written, nothing submitted). tests/cluster/test_slurm.py runs real jobs.
 
 Most cases call the CLI's `main` in this process (about 10 ms each, against 2 s for a Python
 subprocess that imports JAX); a few run `python -m t5x_lite.cli` end to end.
@@ -21,7 +21,7 @@ import pytest
 
 from t5x_lite import cli as cli_module
 from tests.cli_helpers import ROOT, cli_env, run_cli
-from tests.test_bad_input import assert_bad_input
+from tests.cli.test_bad_input import assert_bad_input
 
 QUICKSTART = "--gin_file=runs/quickstart.gin"
 

@@ -1,5 +1,5 @@
 """profiling.py: which steps are traced, and the errors for a bad PROFILE_STEPS. (A whole run's
-trace is checked in tests/test_cli_run.py.)"""
+trace is checked in tests/cli/test_cli_run.py.)"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 
 from t5x_lite.data import builtin_tasks
 from tests.cli_helpers import VOCAB, losses, run_cli
-from tests.test_bad_input import assert_bad_input
+from tests.cli.test_bad_input import assert_bad_input
 
 EXTRA_IDS = 100  # tasks.span_corruption.EXTRA_IDS
 MODEL_VOCAB = 640  # 512 pieces + 100 sentinels, padded to a multiple of 128

@@ -17,7 +17,7 @@ from t5x_lite.errors import ConfigValueError
 from t5x_lite.parallel import partitioning
 from t5x_lite.training.trainer import TrainState
 from tests.conftest import S3_BUCKET
-from tests.test_trainer import get_trainer, make_batch
+from tests.training.test_trainer import get_trainer, make_batch
 
 # -- retention (pure) ----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from t5x_lite.hf import families, gpt2, llama, rules, safetensors_files, t5
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.models import DecoderConfig, T5Config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GPT2_STYLE = DecoderConfig(position_embedding="learned", norm="layernorm", mlp_activations=("gelu",), use_bias=True,
                            tie_embeddings=True, num_kv_heads=4, head_dim=32)
 

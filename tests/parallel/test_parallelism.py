@@ -104,7 +104,7 @@ def test_t5_mesh_matches_one_device(mesh_axes, t5_one_device_run):
         np.testing.assert_allclose(got["weight_sum"], want["weight_sum"])
         np.testing.assert_allclose(got["grad_norm"], want["grad_norm"], rtol=1e-4)
     assert history[-1]["loss_sum"] != history[0]["loss_sum"]
-    # As in tests/test_trainer.py: Adam amplifies reduction-order noise of near-zero gradients.
+    # As in tests/training/test_trainer.py: Adam amplifies reduction-order noise of near-zero gradients.
     assert jax.tree.structure(params) == jax.tree.structure(ref_params)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=2e-4), params, ref_params)
 

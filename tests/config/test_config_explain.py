@@ -15,7 +15,7 @@ from t5x_lite.config import reference as config_reference
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.training import optim
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

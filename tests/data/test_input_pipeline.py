@@ -248,7 +248,7 @@ def simulated_processes(task: str, num_processes: int, num_epochs: int) -> list[
 
 
 def test_processes_read_disjoint_shards_and_step_together(id_task):
-    """Four simulated processes (two run for real in tests/test_slurm.py and test_distributed.py)."""
+    """Four simulated processes (two run for real in tests/cluster/test_slurm.py and test_distributed.py)."""
     iterators = simulated_processes(id_task, 4, num_epochs=2)
     epochs: list[list[dict]] = [[]]
     per_process_epoch: list[list[Counter]] = [[Counter() for _ in iterators]]
