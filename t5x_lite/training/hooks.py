@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
@@ -44,13 +44,17 @@ class StepInfo:
         return period.due(step=self.step, epochs_finished=self.epochs_finished, end_of_epoch=self.end_of_epoch)
 
 
-class Hook(Protocol):
-    def after_step(self, info: StepInfo, step_metrics: dict[str, jax.Array]) -> None: ...
+class Hook:
+    """Something the loop does beside stepping; each method does nothing unless a hook overrides it."""
 
-    def at_end(self, info: StepInfo) -> None: ...
+    def after_step(self, info: StepInfo, step_metrics: dict[str, jax.Array]) -> None:
+        """Called after every step, in the order of the loop's hooks."""
+
+    def at_end(self, info: StepInfo) -> None:
+        """Called once when the loop stops at its step or epoch limit (not when it is preempted)."""
 
 
-class StepMetrics:
+class StepMetrics(Hook):
     """Collects each step's metrics on the device and reports them every `log_period` steps.
 
     Reading them syncs with the device, so it happens only at reports (and before a save, to
@@ -103,7 +107,7 @@ class StepMetrics:
                 "--gin.train.on_nonfinite=\"'skip'\" to skip such steps.")
 
 
-class EpochLog:
+class EpochLog(Hook):
     """Prints what each finished epoch read."""
 
     def __init__(self, *, writer: MetricsWriter, iterator: input_pipeline.BatchIterator):
@@ -114,11 +118,8 @@ class EpochLog:
             self.writer.print(f"epoch {info.epochs_finished} finished at step {info.step}: "
                               + reporting.describe_epoch_stats(self.iterator.last_epoch_stats))
 
-    def at_end(self, info: StepInfo) -> None:
-        pass
 
-
-class Samples:
+class Samples(Hook):
     """Sampled continuations of the prompts, printed at each evaluation (or, without one, at the end)."""
 
     def __init__(self, *, writer: MetricsWriter, model: ModelConfig, vocabulary: Any, prompts: Sequence[str],
@@ -135,15 +136,12 @@ class Samples:
         self.writer.print(f"step {info.step} samples:"
                           + "".join(f"\n--- {p!r}\n{p}{t}" for p, t in zip(self.prompts, texts)))
 
-    def after_step(self, info: StepInfo, step_metrics: dict[str, jax.Array]) -> None:
-        pass
-
     def at_end(self, info: StepInfo) -> None:
         if self.at_end_too:
             self.show(info)
 
 
-class Evaluation:
+class Evaluation(Hook):
     """The validation loss, multiple-choice sets and samples, every `period` and after the last step."""
 
     def __init__(self, *, writer: MetricsWriter, trainer: Trainer, data: DataConfig, period: Period,
@@ -179,7 +177,7 @@ class Evaluation:
         self.evaluated_at = step
 
 
-class Checkpoints:
+class Checkpoints(Hook):
     """Saves the train state, the data iterator's position and the latest metrics every `period`,
     after the last step, and when the run is asked to stop."""
 

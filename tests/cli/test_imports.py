@@ -20,24 +20,39 @@ def test_cli_help_lists_the_commands():
         assert command in out.stdout
 
 
-def test_gin_files_resolve_from_an_installed_wheel(tmp_path):
-    """Built and installed outside the checkout, the package still finds runs/quickstart.gin."""
+def test_an_installed_wheel_finds_its_gin_files_and_tasks_beside_a_users_own_tasks_package(tmp_path):
+    """Built and installed outside the checkout, the package still finds runs/quickstart.gin and its
+    task modules; a user's own `tasks` package in the working directory neither hides them nor is
+    hidden by them (the wheel installs no top-level `tasks`)."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True)
     wheel = next((tmp_path / "wheel").glob("t5x_lite-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
                     str(tmp_path / "site"), str(wheel)], check=True, capture_output=True)
+    assert not (tmp_path / "site" / "tasks").exists()
+    user = tmp_path / "user"
+    (user / "tasks").mkdir(parents=True)
+    (user / "tasks" / "__init__.py").write_text("")
+    (user / "tasks" / "my_tasks.py").write_text("OWNER = 'the user'\n")
     code = ("from t5x_lite.config import parsing as config\n"
+            "from t5x_lite.data import builtin_tasks\n"
             "d = config.builtin_gin_dir()\n"
             "print(d)\n"
             "config.parse(gin_files=['runs/quickstart.gin'])\n"
-            "import gin; print(gin.query_parameter('DecoderConfig.num_layers'))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+            "import gin; print(gin.query_parameter('DecoderConfig.num_layers'))\n"
+            "print(builtin_tasks.folder())\n"
+            "lm = builtin_tasks.load('lm')\n"
+            "import tasks.my_tasks\n"
+            "print(lm.__name__, tasks.my_tasks.OWNER.replace(' ', '_'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=user, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin",
+                              "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
-    gin_dir, num_layers = out.stdout.split()
+    gin_dir, num_layers, tasks_dir, lm_name, owner = out.stdout.split()
     assert gin_dir == str(tmp_path / "site" / "t5x_lite" / "gin_configs")
     assert int(num_layers) > 0
+    assert tasks_dir == str(tmp_path / "site" / "t5x_lite" / "builtin_tasks")
+    assert (lm_name, owner) == ("t5x_lite_tasks.lm", "the_user")
 
 
 def _own_import_graph():
