@@ -61,9 +61,10 @@ def add_arguments(parser) -> None:
 
 def gin_model(name: str):
     import gin
-    from t5x_lite.config import parsing as config
 
-    config.parse(gin_files=[f"models/{name}.gin"])
+    from t5x_lite.config import parsing
+
+    parsing.parse(gin_files=[f"models/{name}.gin"])
     return gin.query_parameter("%MODEL").scoped_configurable_fn()
 
 

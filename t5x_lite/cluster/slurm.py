@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from t5x_lite import errors, storage
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import layout, run_from_gin
@@ -242,7 +242,7 @@ def main(argv: Sequence[str]) -> int:
         print(USAGE)
         return 0 if argv else 2
     with errors.reported():
-        files, bindings, paths, rest = config.split_gin_flags(argv)
+        files, bindings, paths, rest = parsing.split_gin_flags(argv)
         job, own = parse_flags(rest)
         if not files:
             raise ConfigValueError(f"Give the run's --gin_file(s).\n{USAGE}")

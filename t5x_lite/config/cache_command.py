@@ -9,9 +9,9 @@ import threading
 from typing import Sequence
 
 import gin
+
 from t5x_lite import errors
-from t5x_lite.config import parsing as config
-from t5x_lite.config import registry
+from t5x_lite.config import parsing, registry
 from t5x_lite.data import cache, task_modules
 
 USAGE = """t5x-lite cache --output_cache_dir=DIR [--tasks=NAME,...] [flags] [Beam flags]
@@ -130,12 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with errors.reported():
 
 
-        gin_files, bindings, search_paths, rest = config.split_gin_flags(argv)
+        gin_files, bindings, search_paths, rest = parsing.split_gin_flags(argv)
         args, beam_flags = _parser().parse_known_args(rest)
         try:
             gin_config = ""
             if gin_files or bindings:
-                config.parse(gin_files=gin_files, gin_bindings=bindings, gin_search_paths=search_paths)
+                parsing.parse(gin_files=gin_files, gin_bindings=bindings, gin_search_paths=search_paths)
                 gin_config = gin.config_str()
             registration = Registration(gin_config=gin_config, modules=tuple(args.modules))
             configured = registration.register()

@@ -15,7 +15,7 @@ import sys
 from typing import Sequence
 
 from t5x_lite import errors
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.config import reference as config_reference
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.config.parsing import builtin_gin_dir
@@ -35,7 +35,7 @@ def load_dir_or_file(path: str, *, entry: str | None = None):
     if os.path.isdir(path):
         path = os.path.join(path, "config.gin")
         if not os.path.isfile(path):
-            raise config.ConfigError(f"{os.path.dirname(path)} holds no config.gin; give a model directory "
+            raise parsing.ConfigError(f"{os.path.dirname(path)} holds no config.gin; give a model directory "
                                      "(a training run writes config.gin there) or a .gin file.")
     return config_resolve.load_run(gin_files=[path], entry=entry, skip_unknown=True)
 
@@ -204,7 +204,7 @@ def _show_or_explain(command: str, argv: Sequence[str]) -> int:
         parser.add_argument("names", nargs="*", help="only values whose name (or macro) contains one of these")
         parser.add_argument("--defaults", action="store_true", help="also list parameters left at their default")
 
-    files, bindings, paths, rest = config.split_gin_flags(argv)
+    files, bindings, paths, rest = parsing.split_gin_flags(argv)
     own = parser.parse_args(rest)
     resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                        entry=own.entry)

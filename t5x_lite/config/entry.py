@@ -6,9 +6,10 @@ import sys
 from typing import Sequence
 
 import gin
+
 from t5x_lite import errors
 from t5x_lite.config import command as config_command
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.parallel import distributed
 
@@ -29,10 +30,10 @@ def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
         return 0
     with errors.reported():
 
-        files, bindings, paths, rest = config.split_gin_flags(argv)
+        files, bindings, paths, rest = parsing.split_gin_flags(argv)
         distributed_flags, rest = distributed.parse_flags(rest)
         if rest:
-            raise config.ConfigError(f"Unknown arguments {rest}.\n{usage}")
+            raise parsing.ConfigError(f"Unknown arguments {rest}.\n{usage}")
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                            entry=configurable)
         distributed.setup(distributed_flags)

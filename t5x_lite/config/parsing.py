@@ -18,6 +18,7 @@ from typing import Sequence
 
 import gin
 from gin import resource_reader
+
 from t5x_lite.config import registry
 from t5x_lite.errors import UserError
 

@@ -19,8 +19,8 @@ import inspect
 from typing import Any, Iterable, Iterator, Sequence
 
 import gin
-from t5x_lite.config import parsing as config
-from t5x_lite.config import registry
+
+from t5x_lite.config import parsing, registry
 from t5x_lite.config import sources as config_sources
 from t5x_lite.config.parsing import ConfigError
 from t5x_lite.config.sources import Binding
@@ -162,7 +162,7 @@ def load_run(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (), gin_
     as `estimate` that need only part of the run).
     """
 
-    config.parse(gin_files=gin_files, gin_bindings=gin_bindings, gin_search_paths=gin_search_paths,
+    parsing.parse(gin_files=gin_files, gin_bindings=gin_bindings, gin_search_paths=gin_search_paths,
                  skip_unknown=skip_unknown)
     bindings = config_sources.read_bindings(gin_files=gin_files, gin_bindings=gin_bindings,
                                             gin_search_paths=gin_search_paths, skip_unknown=skip_unknown)

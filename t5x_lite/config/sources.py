@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 
 import gin
 from gin import config_parser
+
 from t5x_lite.config.parsing import ConfigError, builtin_gin_dir
 
 MAX_INCLUDE_DEPTH = 20

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import jax
 
 from t5x_lite import errors
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import accelerators
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     with errors.reported():
-        files, bindings, paths, rest = config.split_gin_flags(argv)
+        files, bindings, paths, rest = parsing.split_gin_flags(argv)
         flags = parse_flags(rest)
         if flags.compile and flags.num_devices:
             request_cpu_devices(flags.num_devices)  # before anything starts JAX's backends

@@ -21,7 +21,7 @@ from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.evaluation import seqio_metrics
 from t5x_lite.inference import predict
-from t5x_lite.metrics import writer as metrics
+from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import ModelConfig
 from t5x_lite.parallel import distributed
 
@@ -150,7 +150,7 @@ def evaluate(
                              output_dir=output_dir)
     # With several processes each evaluates on its own first device; process 0 writes the results.
     chief = distributed.is_chief()
-    writer = metrics.MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
+    writer = MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
                                    enabled=chief and not storage.is_url(output_dir))
     evaluated: dict[int, dict[str, Any]] = {}
     try:

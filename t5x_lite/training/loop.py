@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Sequence
 
+import gin
 import jax
 
-import gin
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib

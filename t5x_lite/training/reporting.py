@@ -6,7 +6,7 @@ import math
 from typing import Any, Sequence
 
 from t5x_lite.metrics import arithmetic as metric_math
-from t5x_lite.metrics import writer as metrics
+from t5x_lite.metrics.writer import MetricsWriter
 
 
 def describe_epoch_stats(stats: dict[str, int]) -> str:
@@ -54,7 +54,7 @@ def initial_loss_warning(loss: float, vocab_size: int, tolerance: float) -> str 
 
 
 def sanity_check_initial_loss(trainer, params, batch, vocab_size: int, tolerance: float,
-                               writer: metrics.MetricsWriter) -> None:
+                               writer: MetricsWriter) -> None:
     sums = trainer.eval_step(params, batch)
     loss = float(sums["loss_sum"]) / max(float(sums["weight_sum"]), 1.0)
     warning = initial_loss_warning(loss, vocab_size, tolerance)

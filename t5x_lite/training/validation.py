@@ -6,15 +6,15 @@ import contextlib
 from typing import Any
 
 from t5x_lite.data import input_pipeline
-from t5x_lite.data import task_access as data_lib
+from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import RunConfigError, TaskDataError
 from t5x_lite.metrics import arithmetic as metric_math
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import trainer as trainer_lib
 
 
-def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: data_lib.DataConfig, *,
-             max_batches: int | None = None) -> dict[str, float]:
+def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: DataConfig, *,
+                    max_batches: int | None = None) -> dict[str, float]:
     """Mean per-token cross entropy and perplexity over the split (or its first max_batches).
 
     One deterministic pass: no shuffle, the last partial batch padded with zero-weight rows,
@@ -41,7 +41,7 @@ def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: data_lib.
 
 
 @contextlib.contextmanager
-def pipeline_errors(cfg: data_lib.DataConfig):
+def pipeline_errors(cfg: DataConfig):
     """Turns a preprocessor's complaint about the lengths or the data, raised while a split's
     pipeline is built, into a RunConfigError (the run stops before anything is written)."""
     try:

@@ -10,8 +10,8 @@ import time
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint
-from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
 from tests.cli.test_cli_run import assert_trees_equal, final_params
+from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
 
 STEPS = 10
 # Dropout on, so that the saved RNG key matters; warmup and decay, so that the schedule does.

@@ -34,11 +34,11 @@ def test_an_installed_wheel_finds_its_gin_files_and_tasks_beside_a_users_own_tas
     (user / "tasks").mkdir(parents=True)
     (user / "tasks" / "__init__.py").write_text("")
     (user / "tasks" / "my_tasks.py").write_text("OWNER = 'the user'\n")
-    code = ("from t5x_lite.config import parsing as config\n"
+    code = ("from t5x_lite.config import parsing\n"
             "from t5x_lite.data import builtin_tasks\n"
-            "d = config.builtin_gin_dir()\n"
+            "d = parsing.builtin_gin_dir()\n"
             "print(d)\n"
-            "config.parse(gin_files=['runs/quickstart.gin'])\n"
+            "parsing.parse(gin_files=['runs/quickstart.gin'])\n"
             "import gin; print(gin.query_parameter('DecoderConfig.num_layers'))\n"
             "print(builtin_tasks.folder())\n"
             "lm = builtin_tasks.load('lm')\n"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from t5x_lite.data import builtin_tasks
-from tests.cli_helpers import VOCAB, losses, run_cli
 from tests.cli.test_bad_input import assert_bad_input
+from tests.cli_helpers import VOCAB, losses, run_cli
 
 EXTRA_IDS = 100  # tasks.span_corruption.EXTRA_IDS
 MODEL_VOCAB = 640  # 512 pieces + 100 sentinels, padded to a multiple of 128

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from t5x_lite import cli as cli_module
-from tests.cli_helpers import ROOT, cli_env, run_cli
 from tests.cli.test_bad_input import assert_bad_input
+from tests.cli_helpers import ROOT, cli_env, run_cli
 
 QUICKSTART = "--gin_file=runs/quickstart.gin"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from t5x_lite.checkpoints import checkpoint
+from tests.cli.test_cli_run import assert_trees_equal, final_params
 from tests.cli_helpers import ROOT, TINY_MODEL, cli_env, losses
 from tests.slurm_cluster import LocalSlurmCluster, unavailable_reason
-from tests.cli.test_cli_run import assert_trees_equal, final_params
 
 pytestmark = pytest.mark.slurm
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
+import gin
 import pytest
 
-import gin
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 
 
 def test_split_gin_flags_t5x_style():
-    files, bindings, paths, rest = config.split_gin_flags(
+    files, bindings, paths, rest = parsing.split_gin_flags(
         ["--gin_file=a.gin", "--gin_file", "b.gin", "--gin.TRAIN_STEPS=100", "--gin.MODEL_DIR='/tmp/r'",
          "--gin_search_paths=x,y", "--other"])
     assert files == ["a.gin", "b.gin"]
@@ -23,7 +23,7 @@ def test_split_gin_flags_t5x_style():
 def test_bindings_override_files_in_order(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "extra.gin").write_text("DecoderConfig.num_layers = 3\n")
-    config.parse(gin_files=["runs/quickstart.gin", "extra.gin"], gin_bindings=["DecoderConfig.emb_dim = 96"])
+    parsing.parse(gin_files=["runs/quickstart.gin", "extra.gin"], gin_bindings=["DecoderConfig.emb_dim = 96"])
     assert gin.query_parameter("DecoderConfig.num_layers") == 3
     assert gin.query_parameter("DecoderConfig.emb_dim") == 96
 
@@ -40,11 +40,11 @@ def test_folders_named_like_gin_dirs_in_the_working_directory_do_not_break_looku
     readers = [(open, os.path.isfile),
                (resource_reader.system_path_reader, resource_reader.system_path_file_exists)]
     monkeypatch.setattr(gin.config, "_FILE_READERS", readers)
-    config.parse(gin_files=["runs/quickstart.gin"])
+    parsing.parse(gin_files=["runs/quickstart.gin"])
     assert gin.query_parameter("train.checkpoint_period") > 0
 
 
 def test_missing_file_names_the_search_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(config.ConfigError, match="searched in"):
-        config.parse(gin_files=["runs/nope.gin"], gin_search_paths=[str(tmp_path)])
+    with pytest.raises(parsing.ConfigError, match="searched in"):
+        parsing.parse(gin_files=["runs/nope.gin"], gin_search_paths=[str(tmp_path)])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import gin
 import pytest
 
-import gin
 from t5x_lite import eval as eval_entry
 from t5x_lite.config import command as config_command
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.config import reference as config_reference
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.training import optim
@@ -50,7 +50,7 @@ def test_explain_names_file_and_line_of_each_override_in_include_order(in_tmp, c
     sources = [line.split()[1] for line in out[at + 2:at + 6]]
     assert [Path(s.rsplit(":", 1)[0]).name for s in sources] == ["pretrain.gin", "quickstart.gin", "base.gin", "top.gin"]
     assert sources[2:] == ["base.gin:3", "top.gin:3"]
-    pretrain = (config.builtin_gin_dir() / "runs" / "pretrain.gin").read_text().splitlines()
+    pretrain = (parsing.builtin_gin_dir() / "runs" / "pretrain.gin").read_text().splitlines()
     line = int(sources[0].rsplit(":", 1)[1])
     assert pretrain[line - 1].startswith("OptimizerConfig.peak_learning_rate")
     # A value set through a macro shows the binding that uses the macro, then the macro's own chain.
@@ -118,7 +118,7 @@ def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
     resolved = config_resolve.load_run(gin_files=["run.gin"])
     selector = gin.config._REGISTRY.get_match("train").selector
     gin.clear_config(clear_constants=False)
-    config.parse(gin_files=["run.gin"])
+    parsing.parse(gin_files=["run.gin"])
     with gin.config._OPERATIVE_CONFIG_LOCK:
         gin.config._OPERATIVE_CONFIG.clear()
     # Evaluate train's arguments exactly as gin does just before calling it (deepcopy evaluates references).
@@ -143,15 +143,15 @@ def test_static_resolution_matches_what_gin_calls(data_dir, in_tmp):
 
 def test_undefined_macro_names_file_line_and_nearest_macro(in_tmp):
     write(in_tmp / "typo.gin", "include 'runs/quickstart.gin'", "train.train_steps = %TRAIN_STEP")
-    with pytest.raises(config.ConfigError, match=r"%TRAIN_STEP is used but never set\n  at typo.gin:2: "
+    with pytest.raises(parsing.ConfigError, match=r"%TRAIN_STEP is used but never set\n  at typo.gin:2: "
                                                  r"train.train_steps = %TRAIN_STEP; did you mean %TRAIN_STEPS\b"):
         config_resolve.load_run(gin_files=["typo.gin"])
 
 
 def test_unknown_reference_suggests_the_nearest_configurable(in_tmp):
     write(in_tmp / "ref.gin", "include 'runs/quickstart.gin'", "train.model = @DecodrConfig()")
-    with pytest.raises(config.ConfigError) as e:
-        config.parse(gin_files=["ref.gin"])
+    with pytest.raises(parsing.ConfigError) as e:
+        parsing.parse(gin_files=["ref.gin"])
     message = str(e.value)
     assert 'In file "ref.gin", line 2' in message
     assert "Did you mean DecoderConfig" in message
@@ -163,7 +163,7 @@ def test_diff_of_two_model_directories_and_of_gin_files(in_tmp, capsys):
         run_dir = in_tmp / name
         run_dir.mkdir()
         # A model directory's config.gin as a run writes it: gin's operative config, flattened.
-        config.parse(gin_files=["runs/quickstart.gin"], gin_bindings=[f"TRAIN_STEPS = {steps}",
+        parsing.parse(gin_files=["runs/quickstart.gin"], gin_bindings=[f"TRAIN_STEPS = {steps}",
                                                                        f"OptimizerConfig.peak_learning_rate = {lr}"])
         write(run_dir / "config.gin", _flattened_config())
     assert config_command.main(["diff", "a", "b"]) == 1

@@ -6,8 +6,7 @@ import pickle
 
 import pytest
 
-from t5x_lite.config import cache_command
-from t5x_lite.config import parsing as config
+from t5x_lite.config import cache_command, parsing
 from t5x_lite.data import builtin_tasks, task_factories
 
 TASK = "test_cache_small_lm"
@@ -98,13 +97,12 @@ def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys
 
 def test_workers_repeat_the_registration(small_data_dir, tmp_path):
     """Beam workers in other processes get the recipe pickled and register the task themselves."""
-    import seqio
-
     import gin
+    import seqio
     lm = builtin_tasks.load("lm")
 
     name = "test_cache_worker_lm"
-    config.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])
+    parsing.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])
     recipe = cache_command.Registration(task_names=(name,), gin_config=gin.config_str())
     assert recipe.register() == [name]
     seqio.TaskRegistry.remove(name)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from t5x_lite.config import parsing as config
+from t5x_lite.config import parsing
 from t5x_lite.data import builtin_tasks
 from t5x_lite.errors import TaskDataError
 
@@ -258,9 +258,8 @@ def test_mixture_errors(two_tasks):
 
 
 def test_gin_binds_text_tasks_into_a_mixture(tmp_path):
-    import seqio
-
     import gin
+    import seqio
 
 
     for prefix in "ab":
@@ -272,7 +271,7 @@ def test_gin_binds_text_tasks_into_a_mixture(tmp_path):
         "mixture.tasks = [(@a/text_task(), 1.0), (@b/text_task(), 3.0)]",
     ]))
     try:
-        config.parse(gin_files=[str(tmp_path / "mix.gin")])
+        parsing.parse(gin_files=[str(tmp_path / "mix.gin")])
         assert gin.get_configurable("mixture")() == "test_gin_mix"
     finally:
         gin.clear_config()

@@ -25,8 +25,8 @@ from t5x_lite.parallel.distributed import (
     DistributedFlags,
     ProcessGroup,
 )
-from tests.cli_helpers import ROOT, run_cli, train
 from tests.cli.test_bad_input import assert_bad_input
+from tests.cli_helpers import ROOT, run_cli, train
 
 
 def free_port() -> int:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import gin
 import jax
 import numpy as np
 import pytest
 
-import gin
 from t5x_lite.config import parsing as config_lib
 from t5x_lite.models import decoder_only, encoder_decoder
 from t5x_lite.parallel import partitioning
