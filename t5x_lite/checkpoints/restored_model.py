@@ -42,7 +42,6 @@ class RestoredModel:
             return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
         tokenizer_json = storage.join(self.model_dir, "hf", "tokenizer.json")
         if storage.exists(tokenizer_json):
-
             with storage.open(storage.join(self.model_dir, "hf", "config.json"), "rb") as f:
                 eos_id = json.load(f).get("eos_token_id")
             return TokenizerJsonVocabulary(tokenizer_json, eos_id=eos_id if isinstance(eos_id, int) else None)

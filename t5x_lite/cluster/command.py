@@ -22,7 +22,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     if argv[0] == "slurm":
-
         return launch_slurm.main(argv[1:])
     print(f"error: unknown launch target {argv[0]!r}\n{USAGE}", file=sys.stderr)
     return 2

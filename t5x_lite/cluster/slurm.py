@@ -236,7 +236,6 @@ def parse_flags(args: Sequence[str]) -> tuple[SlurmJob, dict[str, str | bool]]:
 
 
 def main(argv: Sequence[str]) -> int:
-
     argv = list(argv)
     if any(a in ("-h", "--help") for a in argv) or not argv:
         print(USAGE)

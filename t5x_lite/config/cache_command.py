@@ -66,8 +66,6 @@ class Registration:
     def register(self) -> list[str]:
         """Registers the tasks; returns the gin config's task or mixture name (or nothing)."""
 
-
-
         for module in self.modules:
             task_modules.import_task_module(module)
         if not self.gin_config:
@@ -128,8 +126,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _parser().print_help()
         return 0
     with errors.reported():
-
-
         gin_files, bindings, search_paths, rest = parsing.split_gin_flags(argv)
         args, beam_flags = _parser().parse_known_args(rest)
         try:

@@ -170,7 +170,6 @@ def diff_lines(a, b) -> list[str]:
 
 
 def _comparable(resolved) -> dict[str, str]:
-
     values = resolved.values()
     values.update({s.key: format_value(s.binding.value) for s in resolved.not_checked})
     return values
@@ -191,7 +190,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "diff":
             return _diff(rest)
         if command == "reference":
-
             return config_reference.main(rest)
     print(f"error: unknown config command {command!r}\nusage:\n{USAGE}", file=sys.stderr)
     return 2

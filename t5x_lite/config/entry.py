@@ -29,7 +29,6 @@ def run(argv: Sequence[str] | None, *, usage: str, configurable: str) -> int:
         print(f"{usage}\n{distributed.FLAGS_HELP}")
         return 0
     with errors.reported():
-
         files, bindings, paths, rest = parsing.split_gin_flags(argv)
         distributed_flags, rest = distributed.parse_flags(rest)
         if rest:

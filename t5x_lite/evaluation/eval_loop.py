@@ -142,7 +142,6 @@ def evaluate(
         raise ConfigValueError("Nothing to evaluate: set evaluate.perplexity, evaluate.multiple_choice or "
                                "evaluate.seqio_evals (see gin/runs/eval.gin).")
     if task_module:
-
         task_modules.import_task_module(task_module)
     output_dir = output_dir or storage.join(storage.absolute(model_dir), "eval")
     model_dir, _ = checkpoint.locate(model_dir)  # fails clearly when there is no checkpoint at all
@@ -204,7 +203,6 @@ class _Evaluators:
             multiple_choice_lib.read_hellaswag(mc.path)  # a missing or malformed file fails before any checkpoint is read
         self.seqio = []
         if seqio_evals:
-
             self.seqio = [seqio_metrics.SeqioEvaluation(
                 mixture_or_task_name=s.mixture_or_task_name, split=s.split, num_examples=s.num_examples,
                 batch_size=s.batch_size, decoding_config=s.decoding, log_dir=storage.join(output_dir, "seqio"))

@@ -58,7 +58,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="largest safetensors file before the weights are split into shards (default 5GB)")
     args = parser.parse_args(argv)
     with errors.reported():
-
         if args.direction == "from-hf":
             gin_path = convert.from_hf(args.model_dir, args.out, scan_layers=args.scan_layers)
             print(f"Model gin file: {gin_path}")

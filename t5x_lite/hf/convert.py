@@ -54,7 +54,6 @@ def read_hf_config(model_dir: str) -> dict[str, Any]:
 def abstract_params(model: Any) -> dict[str, Any]:
     """{'/'-joined parameter path: ShapeDtypeStruct} of `model`, without allocating it."""
 
-
     tokens = jnp.zeros((1, 8), jnp.int32)
     args = (tokens, tokens) if model.family == "encoder_decoder" else (tokens,)
     return flatten(jax.eval_shape(model.make_module().init, jax.random.key(0), *args)["params"])
@@ -251,7 +250,6 @@ def _token_ids(model_dir: str) -> dict[str, int]:
 
 
 def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:
-
     problems = checkpoint.structure_differences(saved, unflatten(abstract), limit=20)
     if problems:
         raise ConversionError(f"The checkpoint at step {step} in {model_dir} does not match its own model config:\n  "

@@ -139,7 +139,6 @@ def infer(
         raise ConfigValueError(f"chunk_size={chunk_size} and batch_size={batch_size} must be at least 1.")
     shard_index, num_shards = _shard(shard_index, num_shards)
     if task_module:
-
         task_modules.import_task_module(task_module)
     manifest = _read_manifest(output)
     if step is None and manifest is not None:

@@ -341,7 +341,6 @@ def test_unreachable_bucket_fails_the_save_loudly_and_keeps_the_earlier_checkpoi
 
 
 def test_checkpoint_info_describes_a_step_without_loading_it(trained, tmp_path):
-
     _, state = trained
     checkpointer = checkpoint_lib.Checkpointer(tmp_path)
     for step in (3, 6):

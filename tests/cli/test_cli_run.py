@@ -15,7 +15,6 @@ from tests.cli_helpers import TINY_MODEL, losses, run_cli, train
 
 
 def final_params(model_dir: Path) -> dict:
-
     restored = restored_model.restore(str(model_dir))
     return restored.step, restored.params
 

@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 
 from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints.retention import RetentionPolicy
 from tests.cli.test_cli_run import assert_trees_equal, final_params
 from tests.cli_helpers import ROOT, TINY_MODEL, cli_env, losses
 from tests.slurm_cluster import LocalSlurmCluster, unavailable_reason
 
 pytestmark = pytest.mark.slurm
 
-STEPS = 20  # room for the preemption sync point to be reached before the last step, under load
+STEPS = 48  # room for the preemption sync point (it can take several steps under load) before the last step
 RUN = ["--gin_file=runs/quickstart.gin", *TINY_MODEL, f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.log_period=1",
        "--gin.train.checkpoint_period=4", "--gin.OptimizerConfig.warmup_steps=2",
        "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_data=None"]
@@ -72,8 +73,8 @@ def _params_at(model_dir: Path, step: int, scratch: Path):
 
 
 def _saved_steps(model_dir: Path) -> list[int]:
-
-    checkpoints = checkpoint.Checkpointer(str(model_dir), create=False)
+    # keep_every=1: closing a Checkpointer applies its retention, and this one must delete nothing.
+    checkpoints = checkpoint.Checkpointer(str(model_dir), create=False, retention=RetentionPolicy(keep_every=1))
     try:
         return checkpoints.all_steps()
     finally:
@@ -81,7 +82,6 @@ def _saved_steps(model_dir: Path) -> list[int]:
 
 
 def _drop_checkpoints_after(model_dir: Path, step: int) -> None:
-
     for saved in _saved_steps(model_dir):
         if saved > step:
             shutil.rmtree(Path(checkpoint.checkpoints_dir(str(model_dir))) / str(saved))

@@ -198,7 +198,6 @@ def test_reference_is_up_to_date_and_every_parameter_documented():
 
 
 def test_reference_check_fails_on_a_missing_docstring_line(monkeypatch, tmp_path, capsys):
-
     doc = optim.OptimizerConfig.__doc__
     monkeypatch.setattr(optim.OptimizerConfig, "__doc__", "\n".join(
         line for line in doc.splitlines() if not line.strip().startswith("warmup_steps:")))

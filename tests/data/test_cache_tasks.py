@@ -53,8 +53,6 @@ def test_cache_holds_every_split_with_info_and_stats(cache_dir, small_data_dir):
 def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
     import seqio
 
-
-
     name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
     task = seqio.get_mixture_or_task(name)
     assert task.cache_dir == str(cache_dir / TASK)
@@ -73,7 +71,6 @@ def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
 
 
 def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path, capsys):
-
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
     assert cache_command.main([f"--gin_file={gin_file}", f"--output_cache_dir={cache_dir}"]) == 0
     assert "already cached" in capsys.readouterr().out
@@ -86,7 +83,6 @@ def test_a_second_run_skips_the_cached_task(cache_dir, small_data_dir, tmp_path,
 ])
 def test_bad_flags_are_reported(flags, message, small_data_dir, tmp_path, capsys):
     import re
-
 
     gin_file = _task_gin(tmp_path / "task.gin", small_data_dir)
     flags = [f"--gin_file={gin_file}", f"--output_cache_dir={tmp_path / 'cache'}", *flags]

@@ -366,8 +366,6 @@ def test_validation_loss_does_not_depend_on_the_batch_size(task):
     import jax
     import optax
 
-
-
     model = decoder_only.DecoderConfig(vocab_size=task_access.vocabulary_size(task_access.DataConfig(task)), emb_dim=32,
                                        num_heads=2, num_kv_heads=2, head_dim=16, mlp_dim=64, num_layers=2,
                                        max_len=SEQ)

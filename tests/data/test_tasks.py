@@ -261,7 +261,6 @@ def test_gin_binds_text_tasks_into_a_mixture(tmp_path):
     import gin
     import seqio
 
-
     for prefix in "ab":
         _write_jsonl(tmp_path / f"{prefix}.jsonl", [json.dumps({"text": prefix})])
     (tmp_path / "mix.gin").write_text("\n".join([

@@ -217,7 +217,6 @@ INFER = dict(chunk_size=2, batch_size=2)
 
 
 def _infer(model_dir: Path, prompts: Path, output: Path, **kwargs):
-
     return infer_loop.infer(model_dir=str(model_dir), output=str(output), prompts_file=str(prompts),
                             decoding=predict.DecodingConfig(max_decode_length=8), **INFER, **kwargs)
 
@@ -238,7 +237,6 @@ def test_infer_shards_join_into_the_single_run_output(model_dir, tmp_path):
 
 def test_infer_rejects_changed_settings_long_prompts_and_a_mismatched_model(model_dir, tmp_path):
     import dataclasses
-
 
     prompts = _write_prompts(tmp_path / "prompts.jsonl", 3)
     output = tmp_path / "out.jsonl"

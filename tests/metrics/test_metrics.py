@@ -72,7 +72,6 @@ def test_flops_per_token_formula(overrides):
 def test_initial_loss_warning_names_likely_causes():
     import math
 
-
     assert initial_loss_warning(math.log(512) + 0.2, 512, 1.0) is None
     warning = initial_loss_warning(math.log(512) + 3.0, 512, 1.0)
     assert "far from ln(vocab_size)" in warning and "initialisation" in warning and "vocabulary" in warning
@@ -98,7 +97,6 @@ def test_without_a_bar_reports_are_printed_lines(tmp_path, capsys):
 
 
 def test_summarize_window_normalises_over_all_steps_tokens():
-
     steps = [{"loss_sum": 30.0, "z_loss_sum": 0.0, "weight_sum": 10.0, "grad_norm": 1.0, "learning_rate": 0.1},
              {"loss_sum": 10.0, "z_loss_sum": 0.0, "weight_sum": 30.0, "grad_norm": 3.0, "learning_rate": 0.3}]
     summary = summarize_window(steps, seconds=2.0, tokens_per_step=100, flops_per_token=1e6,

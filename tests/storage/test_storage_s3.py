@@ -16,7 +16,6 @@ def s3_data_dir(s3_server, small_data_dir):
     import sysconfig
     from pathlib import Path
 
-
     out = f"s3://{BUCKET}/small"
     prepare.prepare(inputs=[str(Path(sysconfig.get_paths()["stdlib"]) / "json")], out_dir=out,
                     vocab_size=512, num_shards=2, validation_fraction=0.2, num_workers=2,
@@ -101,7 +100,6 @@ def test_missing_s3_data_names_the_path(s3_server, data_dir):
 
 
 def test_record_stream_matches_tensorflow_and_checks_crcs(tmp_path):
-
     tf = import_tensorflow()
     path = str(tmp_path / "r.tfrecord")
     with tf.io.TFRecordWriter(path) as writer:
