@@ -182,13 +182,17 @@ class Checkpoints(Hook):
     after the last step, and when the run is asked to stop."""
 
     def __init__(self, *, writer: MetricsWriter, checkpointer: checkpoint_lib.Checkpointer, period: Period,
-                 model_dir: str, dropout_rng: jax.Array, iterator: input_pipeline.BatchIterator, metadata: dict,
-                 config_text: str, async_save: bool, step_metrics: StepMetrics, evaluation: Evaluation | None,
-                 last_saved: int | None):
-        self.writer, self.checkpointer, self.period, self.model_dir = writer, checkpointer, period, model_dir
+                 dropout_rng: jax.Array, iterator: input_pipeline.BatchIterator, metadata: dict, config_text: str,
+                 async_save: bool, step_metrics: StepMetrics, evaluation: Evaluation | None, last_saved: int | None):
+        self.writer, self.checkpointer, self.period = writer, checkpointer, period
         self.dropout_rng, self.iterator, self.metadata, self.config_text = dropout_rng, iterator, metadata, config_text
         self.async_save, self.step_metrics, self.evaluation = async_save, step_metrics, evaluation
-        self.last_saved = step_metrics.last_saved = last_saved
+        step_metrics.last_saved = last_saved
+
+    @property
+    def last_saved(self) -> int | None:
+        """The step saved last (None: none yet); kept where the non-finite check names it."""
+        return self.step_metrics.last_saved
 
     def after_step(self, info: StepInfo, step_metrics: dict[str, jax.Array]) -> None:
         if info.due(self.period):
@@ -214,7 +218,8 @@ class Checkpoints(Hook):
         blocked = self.checkpointer.save(step, state=checkpoint_lib.to_saveable(info.state, self.dropout_rng),
                                          iterator_state=self.iterator.get_state(), metadata=self.metadata,
                                          config_text=self.config_text, metrics=saved_metrics)
-        self.last_saved = self.step_metrics.last_saved = step
+        self.step_metrics.last_saved = step
         how = "writing in the background" if self.async_save else "written"
-        self.writer.print(f"step {step}: checkpoint saved in {checkpoint_lib.checkpoints_dir(self.model_dir)} "
+        where = checkpoint_lib.checkpoints_dir(self.checkpointer.model_dir)
+        self.writer.print(f"step {step}: checkpoint saved in {where} "
                           f"(loop blocked {blocked:.2f} s, {how})")

@@ -167,7 +167,7 @@ def train(
             max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
             encode=lambda text: list(vocabulary.encode(text)), samples=samples)
         checkpoints = hooks.Checkpoints(
-            writer=writer, checkpointer=checkpointer, period=checkpoint_every, model_dir=model_dir,
+            writer=writer, checkpointer=checkpointer, period=checkpoint_every,
             dropout_rng=start.dropout_rng, iterator=data.iterator, metadata=metadata, config_text=config_text,
             async_save=async_checkpoints, step_metrics=step_metrics, evaluation=evaluation,
             last_saved=start.restored_step)
