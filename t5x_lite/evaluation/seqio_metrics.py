@@ -9,6 +9,7 @@ the inputs, targets and predictions of each step in `<task>-<step>.jsonl`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -19,21 +20,25 @@ from t5x_lite.errors import TaskDataError
 from t5x_lite.inference import predict
 from t5x_lite.tf_setup import import_tensorflow
 
-tf = import_tensorflow()
 
-import seqio  # noqa: E402
-
-
-class UnpaddedFeatureConverter(seqio.PassThroughFeatureConverter):
-    """Hands the task's examples (token ids of any length) to the model functions unchanged.
+@functools.cache
+def unpadded_feature_converter_class() -> type:
+    """A converter that hands the task's examples (token ids of any length) to the model functions unchanged.
 
     The decoding functions pad and batch prompts themselves; seqio's Evaluator only needs to
     know which features are the task's (to measure their lengths) and that nothing is packed.
+    Built on first use: seqio and TensorFlow load only when a SeqIO evaluation is asked for,
+    so registering the configurables (every gin parse) stays free of them.
     """
+    tf = import_tensorflow()
+    import seqio
 
-    TASK_FEATURES = {"inputs": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
-                     "targets": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)}
-    pack = False
+    class UnpaddedFeatureConverter(seqio.PassThroughFeatureConverter):
+        TASK_FEATURES = {"inputs": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32),
+                         "targets": seqio.FeatureConverter.FeatureSpec(dtype=tf.int32)}
+        pack = False
+
+    return UnpaddedFeatureConverter
 
 
 class SeqioEvaluation:
@@ -45,10 +50,13 @@ class SeqioEvaluation:
         self.split = split
         self.batch_size = batch_size
         self.decoding_config = decoding_config
+        import_tensorflow()
+        import seqio  # with TensorFlow, loaded only when a SeqIO evaluation is asked for
+
         storage.makedirs(log_dir)  # seqio's JSON logger writes into it without creating it
         try:
             self.evaluator = seqio.Evaluator(
-                mixture_or_task_name=mixture_or_task_name, feature_converter=UnpaddedFeatureConverter(),
+                mixture_or_task_name=mixture_or_task_name, feature_converter=unpadded_feature_converter_class()(),
                 eval_split=split, num_examples=num_examples, logger_cls=(seqio.JSONLogger, seqio.TensorBoardLogger),
                 log_dir=log_dir, use_memory_cache=True)
         except (ValueError, KeyError) as e:
@@ -90,8 +98,8 @@ class SeqioEvaluation:
         self.evaluator.close()
 
 
-def _numpy(dataset: tf.data.Dataset) -> list[tuple[int, dict]]:
-    """The enumerated (index, example) pairs of seqio's cached dataset, as numpy."""
+def _numpy(dataset) -> list[tuple[int, dict]]:
+    """The enumerated (index, example) pairs of seqio's cached dataset (a tf.data.Dataset), as numpy."""
     return list(dataset.as_numpy_iterator())
 
 
