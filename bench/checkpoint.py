@@ -18,12 +18,21 @@ directory in --dir (default: $TMPDIR or /tmp), deleted at the end. Each repetiti
    until every array is ready: once with the files still in the page cache (just written), and
    once after they were dropped from it (fsync + posix_fadvise DONTNEED per file, no root needed),
    so that it reads the disk.
+5. The manifest (t5x_lite/checkpoints/manifest.py), timed apart: `manifest.write` again on the
+   synchronous save's step (its files in the page cache, as in a save right after Orbax's
+   commit), and `manifest.check` of every file's CRC32C before each restore of step 4, with the
+   files in the page cache and after dropping them (then dropped again for the restore). Its
+   share is of the operation that includes it: write / synchronous save (whose seconds include
+   one write), check / (check + restore), the verified restore every reader runs. Next to it,
+   CRC32C of CRC32C_MIB MiB already in memory: the checksum's own speed, without file reads.
 
 Each save goes to a new model directory (one step in it), as a run's first checkpoint; one
 untimed save and restore first warms up Orbax. GB/s = the state's bytes (1 GB = 1e9 bytes) over
 the seconds; the table shows the median of --repeats repetitions and every run. Orbax writes
 the arrays zstd-compressed (its default), so the files are smaller than the state; the note
 under the table gives both sizes, and how many cores other processes kept busy meanwhile.
+The manifest's rows count GB/s over the files' bytes on disk (what CRC32C reads); the note says
+whether manifest.write stayed under GOAL_SHARE (5%) of the synchronous save's seconds.
 """
 
 from __future__ import annotations
@@ -49,6 +58,8 @@ QUICK = {"emb_dim": 256, "num_layers": 8, "num_heads": 4, "head_dim": 64, "mlp_d
          "repeats": 1, "dd_mib": 256}
 STEP = 1000
 DD_BLOCK_MIB = 16
+GOAL_SHARE = 0.05
+CRC32C_MIB = 256
 
 
 def add_arguments(parser) -> None:
@@ -183,6 +194,22 @@ def _dd_rate(stderr: str) -> str:
     return match.group(1) if match else ""
 
 
+def crc32c_in_memory_s(mib: int) -> float:
+    """Seconds of CRC32C (google_crc32c, as manifest.py takes it) over `mib` MiB of random bytes
+    already in memory, in the manifest's chunks: the checksum's own speed, without the file reads."""
+    import google_crc32c
+
+    from t5x_lite.checkpoints import manifest
+
+    chunk_mib = manifest._CHUNK // common.MIB
+    chunks = [os.urandom(manifest._CHUNK) for _ in range(max(1, mib // chunk_mib))]
+    start = time.perf_counter()
+    checksum = google_crc32c.Checksum()
+    for chunk in chunks:
+        checksum.update(chunk)
+    return time.perf_counter() - start
+
+
 def release_memory() -> None:
     """Frees what the last measurement dropped and returns it to the OS (untimed, between measurements).
 
@@ -203,7 +230,7 @@ def checkpointer(model_dir: str, *, async_save: bool):
     from t5x_lite.checkpoints.checkpoint import Checkpointer
     from t5x_lite.checkpoints.retention import RetentionPolicy
 
-    return Checkpointer(model_dir, retention=RetentionPolicy(keep_last=1), create=True, async_save=async_save)
+    return Checkpointer(model_dir, retention=RetentionPolicy(keep_last=1), async_save=async_save)
 
 
 def save_args(num_params: int) -> dict:
@@ -220,7 +247,7 @@ def step_dir(model_dir: str) -> str:
 def timed_restore(model_dir: str, abstract: dict) -> float:
     from t5x_lite.checkpoints.checkpoint import Checkpointer
 
-    ckpt = Checkpointer(model_dir, create=False, async_save=False)
+    ckpt = Checkpointer(model_dir, read_only=True, async_save=False)
     try:
         start = time.perf_counter()
         state, _, _ = ckpt.restore(STEP, abstract_state=abstract)
@@ -244,26 +271,58 @@ def timed_save(model_dir: str, state: dict, num_params: int, *, async_save: bool
     return blocked, total
 
 
+def timed_manifest_write(directory: str) -> tuple[float, int, int]:
+    """(seconds of `manifest.write` over a committed step, the manifest's bytes, files it lists).
+
+    Rewrites the manifest the save wrote, and checks that it came out the same.
+    """
+    from t5x_lite.checkpoints import manifest
+
+    path = os.path.join(directory, manifest.MANIFEST)
+    with open(path) as f:
+        saved = f.read()
+    written, seconds = common.timed(lambda: manifest.write(directory, step=STEP))
+    with open(path) as f:
+        if f.read() != saved:
+            raise RuntimeError(f"manifest.write over {directory} differs from the one the save wrote")
+    return seconds, os.path.getsize(path), len(written["files"])
+
+
+def timed_manifest_check(directory: str) -> float:
+    from t5x_lite.checkpoints import manifest
+
+    found, seconds = common.timed(lambda: manifest.check(directory, step=STEP))
+    if found.state != manifest.GOOD:
+        raise RuntimeError(f"manifest.check: {found.describe()}")
+    return seconds
+
+
 def repetition(root: str, index: int, state: dict, abstract: dict, num_params: int) -> dict:
     """One of each measurement; the model directories are deleted at the end."""
     sync_dir, async_dir = os.path.join(root, f"sync_{index}"), os.path.join(root, f"async_{index}")
+    sync_step, async_step = step_dir(sync_dir), step_dir(async_dir)
     out = {}
     try:
-        common.progress(f"checkpoint: repetition {index}: synchronous save")
+        common.progress(f"checkpoint: repetition {index}: synchronous save, manifest write")
         out["sync_returned_s"], out["sync_s"] = timed_save(sync_dir, state, num_params, async_save=False)
-        _, out["fsync_after_sync_s"] = common.timed(lambda: fsync_files(step_dir(sync_dir)))
+        _, out["fsync_after_sync_s"] = common.timed(lambda: fsync_files(sync_step))
+        out["manifest_write_s"], out["manifest_bytes"], out["manifest_files"] = timed_manifest_write(sync_step)
         common.progress(f"checkpoint: repetition {index}: asynchronous save")
         out["async_blocked_s"], out["async_total_s"] = timed_save(async_dir, state, num_params, async_save=True)
 
-        common.progress(f"checkpoint: repetition {index}: restore (page cache, then disk)")
+        common.progress(f"checkpoint: repetition {index}: check and restore (page cache, then disk)")
         release_memory()
-        out["cached_before_warm"] = cached_fraction(step_dir(async_dir))
+        out["cached_before_warm"] = cached_fraction(async_step)
+        out["check_warm_s"] = timed_manifest_check(async_step)
         out["restore_warm_s"] = timed_restore(async_dir, abstract)
         release_memory()
-        drop_from_page_cache(step_dir(sync_dir))
-        out["cached_before_cold"] = cached_fraction(step_dir(sync_dir))
+        drop_from_page_cache(sync_step)
+        out["cached_before_check_cold"] = cached_fraction(sync_step)
+        out["check_cold_s"] = timed_manifest_check(sync_step)
+        drop_from_page_cache(sync_step)  # the check read every file back into the page cache
+        out["cached_before_cold"] = cached_fraction(sync_step)
         out["restore_cold_s"] = timed_restore(sync_dir, abstract)
-        out["disk_bytes"] = du_bytes(step_dir(sync_dir))
+        out["disk_bytes"] = du_bytes(sync_step)
     finally:
         for d in (sync_dir, async_dir):
             shutil.rmtree(d, ignore_errors=True)
@@ -292,6 +351,38 @@ def other_cores(start: tuple[float, float, float]) -> float:
 
 
 # ---------------------------------------------------------------------------- report
+
+
+def manifest_shares(runs: list[dict]) -> list[tuple[str, list[float], list[float]]]:
+    """(row, the manifest's seconds of each run, their share of the operation that includes them)."""
+    def share(part: str, whole: str, *, add: bool) -> tuple[list[float], list[float]]:
+        return [r[part] for r in runs], [r[part] / (r[whole] + (r[part] if add else 0.0)) for r in runs]
+
+    return [("write / synchronous save (which includes one write)", *share("manifest_write_s", "sync_returned_s",
+                                                                          add=False)),
+            ("write / asynchronous save until wait()", *share("manifest_write_s", "async_total_s", add=False)),
+            ("check / (check + restore), page cache", *share("check_warm_s", "restore_warm_s", add=True)),
+            ("check / (check + restore), dropped from the page cache", *share("check_cold_s", "restore_cold_s",
+                                                                             add=True))]
+
+
+def manifest_note(runs: list[dict], shares: list) -> str:
+    """The manifest's size, and whether the issue's goal (under GOAL_SHARE of the save) was met."""
+    median = lambda key: statistics.median(r[key] for r in runs)
+    write_share = statistics.median(shares[0][2])
+    sync_s, write_s = median("sync_returned_s"), median("manifest_write_s")
+    if write_share < GOAL_SHARE:
+        verdict = f"met: manifest.write is {write_share:.1%} of the synchronous save"
+    else:
+        verdict = (f"missed by {(write_share - GOAL_SHARE) * 100:.1f} percentage points: manifest.write is "
+                   f"{write_share:.1%} of the synchronous save; {GOAL_SHARE:.0%} would need it under "
+                   f"{GOAL_SHARE / (1 - GOAL_SHARE) * (sync_s - write_s):.2f} s, not {write_s:.2f} s")
+    checks = " and ".join(f"{statistics.median(share):.1%}" for _, _, share in shares[2:])
+    return (f"Manifest: {median('manifest_bytes'):,.0f} bytes of JSON listing {median('manifest_files'):,.0f} files "
+            f"(size and CRC32C of each). Goal (the manifest under {GOAL_SHARE:.0%} of the save's seconds): "
+            f"{verdict}. A verified restore spends {checks} of its seconds in manifest.check (files in the page "
+            "cache, dropped from it; measured apart: a check from disk leaves the files in the page cache for "
+            "the restore after it).")
 
 
 def run(args, command: str) -> dict:
@@ -325,6 +416,7 @@ def run(args, command: str) -> dict:
             common.progress(f"checkpoint: repetition {index}: dd")
             dd_runs.append(dd_speeds(root, s["dd_mib"]))
             runs.append(repetition(root, index, state, abstract, cfg.num_params()))
+            runs[-1]["crc32c_memory_s"] = crc32c_in_memory_s(CRC32C_MIB)
         fs = filesystem(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -338,6 +430,7 @@ def run(args, command: str) -> dict:
 
     dd_bytes = dd_runs[0]["bytes"]
     col = lambda key: [r[key] for r in runs]  # noqa: E731
+    disk_bytes = int(statistics.median(col("disk_bytes")))
     rows = [
         row(f"dd write ({dd_runs[0]['write_how']})", [r["write_s"] for r in dd_runs], dd_bytes),
         row(f"dd read ({dd_runs[0]['read_how']})", [r["read_s"] for r in dd_runs], dd_bytes),
@@ -346,22 +439,32 @@ def run(args, command: str) -> dict:
         row("save, async_save=True: until wait() returns", col("async_total_s"), state_bytes),
         row("restore, files in the page cache", col("restore_warm_s"), state_bytes),
         row("restore, files dropped from the page cache", col("restore_cold_s"), state_bytes),
+        row(f"CRC32C of {CRC32C_MIB} MiB in memory", col("crc32c_memory_s"), CRC32C_MIB * common.MIB),
+        row("manifest.write, files in the page cache", col("manifest_write_s"), disk_bytes),
+        row("manifest.check, files in the page cache", col("check_warm_s"), disk_bytes),
+        row("manifest.check, files dropped from the page cache", col("check_cold_s"), disk_bytes),
     ]
+    shares = manifest_shares(runs)
     print(common.header(command))
     print()
     print(common.table(["measurement", "GB", "seconds (median)", "GB/s (median)", "seconds of each run"], rows))
     print()
-    warm = [r["cached_before_warm"] for r in runs]
-    cold = [r["cached_before_cold"] for r in runs]
-    cache = ("" if None in warm + cold else
+    print(common.table(["manifest's share", "seconds (median)", "share (median)", "share of each run"],
+                       [[name, f"{statistics.median(part):.2f}", f"{statistics.median(share):.1%}",
+                         " / ".join(f"{v:.1%}" for v in share)] for name, part, share in shares]))
+    print()
+    warm, cold, check_cold = col("cached_before_warm"), col("cached_before_cold"), col("cached_before_check_cold")
+    cache = ("" if None in warm + cold + check_cold else
              f" Resident in the page cache before the restores (fincore): {min(warm):.0%} to {max(warm):.0%} "
-             f"for the first, {min(cold):.0%} to {max(cold):.0%} for the second.")
+             f"for the first, {min(cold):.0%} to {max(cold):.0%} for the second; before the check from disk "
+             f"{min(check_cold):.0%} to {max(check_cold):.0%}.")
     print(f"State: decoder-only LLaMA style, {cfg.num_params():,} parameters, AdamW (float32 params, mu, nu), "
           f"{len(jax.tree.leaves(state))} arrays, {state_bytes / 1e9:.3f} GB; checkpoint on disk "
-          f"{statistics.median(col('disk_bytes')) / 1e9:.3f} GB. 1 GB = 1e9 bytes. "
+          f"{disk_bytes / 1e9:.3f} GB. 1 GB = 1e9 bytes. "
           f"Synchronous save: `save` returned after {statistics.median(col('sync_returned_s')):.2f} s, "
           f"`wait()` after {statistics.median(col('sync_s')):.2f} s; fsync of every file afterwards took "
           f"{statistics.median(col('fsync_after_sync_s')):.2f} s (median)." + cache)
+    print(manifest_note(runs, shares))
     print(f"Directory: a temporary directory in {parent} (filesystem: {fs}), deleted afterwards. "
           f"orbax-checkpoint {importlib_metadata.version('orbax-checkpoint')}, "
           f"tensorstore {importlib_metadata.version('tensorstore')}, optax {importlib_metadata.version('optax')}. "

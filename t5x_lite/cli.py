@@ -6,7 +6,7 @@
     t5x-lite eval --gin_file=runs/eval.gin ...   perplexity, multiple choice, seqio metrics of checkpoints
     t5x-lite infer --gin_file=runs/infer.gin ... prompts -> jsonl of outputs (resumable, sharded)
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
-    t5x-lite checkpoint info PATH                what a checkpoint holds (model, step, data position)
+    t5x-lite checkpoint info|verify|unlock PATH  what a step holds; each step's state; a dead run's lease
     t5x-lite config show|explain|diff|reference  the resolved config, where each value came from, diffs
     t5x-lite estimate --gin_file=FILE ...        parameters, FLOPs, memory and time before you spend compute
     t5x-lite launch slurm --gin_file=FILE --nodes=N ...   render and submit a SLURM job (--dry-run prints it)
@@ -26,7 +26,7 @@ COMMANDS = {
     "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),
     "infer": ("t5x_lite.infer", "generate outputs for a jsonl of prompts or a task (resumable, sharded)"),
     "sample": ("t5x_lite.inference.sample", "generate text from a checkpoint"),
-    "checkpoint": ("t5x_lite.checkpoints.info", "`checkpoint info PATH`: what a checkpoint holds"),
+    "checkpoint": ("t5x_lite.checkpoints.command", "`checkpoint info|verify|unlock`: a step's contents, every step's state"),
     "config": ("t5x_lite.config.command", "show / explain / diff resolved gin configs; write the reference"),
     "estimate": ("t5x_lite.estimate.command", "parameters, FLOPs, memory per device and time to train, from a gin config"),
     "launch": ("t5x_lite.cluster.command", "`launch slurm`: render and submit a multi-node SLURM job (or --dry-run)"),

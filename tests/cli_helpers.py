@@ -35,11 +35,14 @@ def cli_env(devices: int = 1, extra_pythonpath: str | None = None) -> dict[str, 
     return env
 
 
-def run_cli(*args: str, devices: int = 1, timeout: int = 600,
-            extra_pythonpath: str | None = None) -> subprocess.CompletedProcess:
-    """Runs `t5x-lite ARGS` on `devices` host CPU devices and captures its output."""
+def run_cli(*args: str, devices: int = 1, timeout: int = 600, extra_pythonpath: str | None = None,
+            extra_env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
+    """Runs `t5x-lite ARGS` on `devices` host CPU devices and captures its output (`extra_env`:
+    variables set, or removed where None)."""
+    env = {**cli_env(devices, extra_pythonpath), **(extra_env or {})}
     return subprocess.run([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT,
-                          env=cli_env(devices, extra_pythonpath), capture_output=True, text=True, timeout=timeout)
+                          env={k: v for k, v in env.items() if v is not None}, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def start_cli(*args: str, devices: int = 1) -> subprocess.Popen:
@@ -48,10 +51,11 @@ def start_cli(*args: str, devices: int = 1) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1) -> subprocess.CompletedProcess:
+def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1,
+          extra_env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """The quickstart run with a tiny model on `data_dir`, plus `extra` flags."""
     return run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
-                   f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra, devices=devices)
+                   f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra, devices=devices, extra_env=extra_env)
 
 
 def losses(stdout: str) -> list[float]:

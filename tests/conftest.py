@@ -95,6 +95,29 @@ def trained_run(data_dir, tmp_path_factory):
     return target / "run", (target / "stdout.txt").read_text()
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """`mount(size)`: a fresh tmpfs of `size` ('600k') to fill, unmounted afterwards; the test is
+    skipped where mounting is refused (it needs root)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size: str) -> Path:
+        mount_point = tmp_path / f"disk{len(mounted)}"
+        mount_point.mkdir()
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                                capture_output=True, text=True)
+        if result.returncode:
+            pytest.skip(f"cannot mount a small tmpfs to fill ({result.stderr.strip()}); needs root")
+        mounted.append(mount_point)
+        return mount_point
+
+    yield mount
+    for mount_point in mounted:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
 S3_BUCKET = "t5x-lite-test"
 
 

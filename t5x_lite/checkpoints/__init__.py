@@ -1,8 +1,14 @@
 """Checkpoints: saving and restoring a run's state, and reading a trained model back.
 
 Owns:
-  checkpoint.py      `Checkpointer` (Orbax, async saves, restore of the newest good step, damaged
-                     steps moved aside), `to_saveable`, the model- and structure-compatibility checks
+  checkpoint.py      `Checkpointer` (Orbax, async saves committed with a manifest, read-only readers,
+                     restore of the newest good step, damaged steps moved aside), `to_saveable`
+  compatibility.py   whether a checkpoint fits this run: model fields and train-state arrays
+  manifest.py        size + CRC32C of every file of a step, written at commit, checked before a read
+  lookup.py          `locate`: the step a reader asked for, or the newest good one (never writes)
+  lease.py           one writer per model directory: `Lease`, `unlock`; lease_store.py: its storage
+  verify.py          every step's state; `t5x-lite checkpoint verify`
+  command.py         `t5x-lite checkpoint info|verify|unlock`
   retention.py       `RetentionPolicy`: last N, every K-th step, best N by a metric (pure)
   s3_mirror.py       s3:// model directories: a local staging copy uploaded with a COMMITTED marker
   init_from.py       `InitFrom`: a new run's parameters from another run, through a name mapping
@@ -10,7 +16,8 @@ Owns:
   info.py            `t5x-lite checkpoint info PATH`
 
 Public names: `checkpoint.Checkpointer`, `checkpoint.to_saveable`, `checkpoint.check_compatible`,
-`checkpoint.checkpoints_dir`, `checkpoint.locate`, `checkpoint.CheckpointNotFoundError`;
+`checkpoint.checkpoints_dir`; `lookup.locate`, `lookup.CheckpointNotFoundError`,
+`lookup.DamagedCheckpointError`; `lease.Lease`; `manifest.check`, `manifest.write`;
 `retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `flatten`,
 `unflatten`; `restored_model.restore`, `RestoredModel`.
 

@@ -3,24 +3,33 @@
 Layout of a model directory:
 
     MODEL_DIR/config.gin              the resolved gin config of the latest run
+    MODEL_DIR/lease.json              the running trainer's lease (lease.py): one writer at a time
     MODEL_DIR/vocab/spm.model         the vocabulary, so the directory is self-contained
     MODEL_DIR/checkpoints/<step>/     state: params, opt_state (float32 whatever the compute
                                       dtype), step and the dropout RNG key;
                                       data_iterator: its position (JSON);
                                       metadata: model, task, mesh, metrics (JSON);
-                                      config: the resolved gin config of the run (JSON)
-    MODEL_DIR/checkpoints_damaged/    checkpoints that failed to restore, moved aside
+                                      config: the resolved gin config of the run (JSON);
+                                      manifest.json: size and CRC32C of every file (manifest.py)
+    MODEL_DIR/checkpoints_damaged/    checkpoints that failed to restore, moved aside by `train`
 
-Saves are asynchronous: `save` returns once the arrays are copied to host memory and Orbax
-writes them in a background thread; the next save waits for it, so at most one is in flight.
-Orbax writes each step to a temporary directory and renames it when complete, so a checkpoint
-that is listed is a whole one (on `s3://`, see s3_mirror.py: a COMMITTED marker written last).
+Saves are asynchronous: `save` returns once the arrays are copied to host memory; Orbax writes
+them in a background thread into a temporary directory that it renames when complete, and then
+a finishing thread writes the step's manifest (and on `s3://` uploads the step, see
+s3_mirror.py). A step is *committed* once its manifest is written: only then does `poll` report
+it, and a save that fails is reported by the next `poll`, `save` or `wait` as one
+CheckpointSaveError naming the cause and the last good step.
+
+Readers (eval, sample, infer, `checkpoint info`, init_from, to-hf, config diff) open the
+directory with `read_only=True`: they never delete, clean up or write anything in it.
 """
 
 from __future__ import annotations
 
+import glob
 import os
-import posixpath
+import shutil
+import threading
 import time
 from typing import Any, Callable
 
@@ -28,6 +37,14 @@ import jax
 import orbax.checkpoint as ocp
 
 from t5x_lite import storage
+from t5x_lite.checkpoints import manifest, orbax_noise
+from t5x_lite.checkpoints.compatibility import (  # noqa: F401 - re-exported: callers name them checkpoint.X
+    CheckpointMismatchError,
+    check_compatible,
+    check_same_structure,
+    checkpoints_dir,
+    structure_differences,
+)
 from t5x_lite.checkpoints.retention import RetentionPolicy, steps_to_keep
 
 # One name for the checkpoints' folder, shared with the s3 mirror's layout.
@@ -37,45 +54,16 @@ from t5x_lite.errors import UserError
 from t5x_lite.parallel import distributed
 
 DAMAGED_SUBDIR = "checkpoints_damaged"
-
-
-class CheckpointMismatchError(UserError, ValueError):
-    """The model directory holds checkpoints of a different model."""
+# Orbax writes step N into "N.orbax-checkpoint-tmp" (and on some versions a suffix) until it is complete.
+TMP_MARKER = ".orbax-checkpoint-tmp"
 
 
 class NoUsableCheckpointError(UserError, ValueError):
     """Checkpoints exist but none of them can be restored; nothing was changed."""
 
 
-class CheckpointNotFoundError(UserError, ValueError):
-    """The path or step named holds no checkpoint."""
-
-
-def checkpoints_dir(model_dir: str) -> str:
-    return storage.join(storage.absolute(model_dir), CHECKPOINTS_SUBDIR)
-
-
-def locate(path: str, step: int | None = None) -> tuple[str, int]:
-    """(model directory, step) of a model directory (its latest step unless `step`) or of a step
-    directory MODEL_DIR/checkpoints/<step>; raises CheckpointNotFoundError naming what exists."""
-    path = storage.absolute(os.fspath(path)).rstrip("/")
-    split = posixpath.split if storage.is_url(path) else os.path.split
-    parent, name = split(path)
-    if name.isdigit() and split(parent)[1] == CHECKPOINTS_SUBDIR:
-        if step is not None and step != int(name):
-            raise CheckpointNotFoundError(f"{path} is the checkpoint of step {name}, not of step {step}.")
-        return split(parent)[0], int(name)
-    checkpointer = Checkpointer(path, create=False)
-    steps = checkpointer.all_steps()
-    checkpointer.close()
-    if not steps:
-        raise CheckpointNotFoundError(f"no checkpoint in {path}; name a model directory with checkpoints/ "
-                                      "(a trained run's MODEL_DIR) or a step directory MODEL_DIR/checkpoints/<step>.")
-    if step is None:
-        return path, steps[-1]
-    if step not in steps:
-        raise CheckpointNotFoundError(f"no checkpoint at step {step} in {path}; available: {steps}.")
-    return path, step
+class CheckpointSaveError(UserError, RuntimeError):
+    """A save failed (a full disk, a quota, permissions, an unreachable endpoint); earlier steps are intact."""
 
 
 class Checkpointer:
@@ -84,25 +72,33 @@ class Checkpointer:
     Args:
       model_dir: the run's directory.
       retention: which checkpoints survive a new save (see retention.py).
-      create: create the directory (False: only read what is there).
-      async_save: write in a background thread (False: `save` returns when the step is on disk).
+      read_only: only read what is there: no directory created, no temporary directory cleaned
+        up, no retention applied, nothing written (every reader; the trainer holds the lease).
+      async_save: write in a background thread (False: `save` returns when the step is committed).
     """
 
-    def __init__(self, model_dir: str, *, retention: RetentionPolicy = RetentionPolicy(), create: bool = True,
+    def __init__(self, model_dir: str, *, retention: RetentionPolicy = RetentionPolicy(), read_only: bool = False,
                  async_save: bool = True):
         self.model_dir = storage.absolute(os.fspath(model_dir))
-        self._mirror = S3Mirror(self.model_dir) if storage.is_s3(self.model_dir) else None
+        self.read_only = read_only
+        self._mirror = S3Mirror(self.model_dir, read_only=read_only) if storage.is_s3(self.model_dir) else None
         # Where files are written: the model directory itself, or the staging copy of an s3 one.
         self.work_dir = self._mirror.local_dir if self._mirror else self.model_dir
         self._retention = retention
+        self._async = async_save
         self._metrics: dict[int, dict[str, float]] = {}
         self._remote_steps: list[int] | None = None
+        self._checked: dict[tuple[int, bool], manifest.StepState] = {}
+        self._finisher: _Finisher | None = None
+        self._unreported: list[int] = []  # committed steps that poll/wait have not returned yet
+        self._failed = False  # a save failed and was reported as CheckpointSaveError
         if self._mirror:
             self._remote_steps = self._mirror.committed_steps()
-            self._mirror.drop_uncommitted_local_steps(self._remote_steps)
+            if not read_only:
+                self._mirror.drop_uncommitted_local_steps(self._remote_steps)
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=None, create=create, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True)
+            max_to_keep=None, create=not read_only, read_only=read_only, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=not read_only)
         # Handlers named up front, so that metadata (shapes, dtypes) can be read before any restore.
         handlers = {"state": ocp.StandardCheckpointHandler(), "data_iterator": ocp.JsonCheckpointHandler(),
                     "metadata": ocp.JsonCheckpointHandler(), "config": ocp.JsonCheckpointHandler()}
@@ -112,14 +108,45 @@ class Checkpointer:
     # -- listing ---------------------------------------------------------------------------------
 
     def all_steps(self) -> list[int]:
-        """Complete checkpoints, ascending."""
+        """Steps that Orbax committed, ascending (a step's manifest may still be being written:
+        `check` tells)."""
         if self._mirror:
             return list(self._remote_steps)
-        return sorted(self._manager.all_steps())
+        pending = self._finisher.step if self._finisher and not self._finisher.done else None
+        return sorted(s for s in self._manager.all_steps() if s != pending)
 
     def latest_step(self) -> int | None:
         steps = self.all_steps()
         return steps[-1] if steps else None
+
+    def step_dir(self, step: int) -> str:
+        return storage.join(self.work_dir, CHECKPOINTS_SUBDIR, str(step))
+
+    def check(self, step: int, *, sizes_only: bool = False) -> manifest.StepState:
+        """The step's state (good / damaged / incomplete / unverified), reading every file once
+        per Checkpointer (on s3 the step is downloaded first); `sizes_only`: see manifest.check."""
+        key = (step, sizes_only)
+        if key not in self._checked:
+            try:
+                self._ready(step)
+                self._checked[key] = manifest.check(self.step_dir(step), step=step, sizes_only=sizes_only)
+            except Exception as e:  # noqa: BLE001 - a step that cannot even be listed or fetched is damaged
+                self._checked[key] = manifest.StepState(step, manifest.DAMAGED, _one_line(e))
+        return self._checked[key]
+
+    def temporary_steps(self) -> list[tuple[int, str]]:
+        """(step, directory) of Orbax's temporary step directories: saves in progress, or left by a
+        save that was interrupted (local and gs:// directories; an s3 run stages them locally)."""
+        root = storage.join(self.work_dir, CHECKPOINTS_SUBDIR)
+        if not storage.exists(root):
+            return []
+        found = []
+        for name in storage.listdir(root):
+            name = name.rstrip("/")
+            head = name.split(TMP_MARKER)[0]
+            if TMP_MARKER in name and head.isdigit():
+                found.append((int(head), storage.join(root, name)))
+        return sorted(found)
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -127,27 +154,82 @@ class Checkpointer:
              metrics: dict[str, float] | None = None) -> float:
         """Starts saving `step`; returns the seconds the caller was blocked.
 
-        Raises the error of the previous save if it failed (a full disk, an unreachable bucket):
-        a failed save never replaces an earlier checkpoint.
+        Waits for the previous save first, and raises CheckpointSaveError if it failed (a full
+        disk, an unreachable bucket): a failed save never replaces an earlier checkpoint.
         """
+        if self.read_only:
+            raise RuntimeError(f"{self.model_dir} was opened read-only")
         start = time.perf_counter()
+        orbax_noise.quiet_closed_loop_reports()
+        self._join_finisher()
         if self._mirror:
-            self._mirror.wait()
             self._drop_staged_steps_before(step)
         metrics = {k: float(v) for k, v in (metrics or {}).items()}
-        self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data_iterator=ocp.args.JsonSave(iterator_state),
-            metadata=ocp.args.JsonSave({**metadata, "step": step, "metrics": metrics}),
-            config=ocp.args.JsonSave({"gin": config_text}),
-        ))
+        try:
+            self._manager.save(step, args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data_iterator=ocp.args.JsonSave(iterator_state),
+                metadata=ocp.args.JsonSave({**metadata, "step": step, "metrics": metrics, "manifest": True}),
+                config=ocp.args.JsonSave({"gin": config_text}),
+            ))
+        except Exception as e:  # noqa: BLE001 - reported as one line, naming the cause
+            raise self._save_failed(step, e) from None
         self._metrics[step] = metrics
-        if self._mirror:
-            self._mirror.upload_in_background(step, wait_for_local=self._manager.wait_until_finished,
-                                              after=lambda: self._committed_on_s3(step))
+        self._finisher = _Finisher(step, lambda: self._finish(step))
+        if self._async:
+            self._finisher.start()
         else:
+            self._finisher.run()
+        if not self._mirror:
             self._apply_retention(in_flight=step)
         return time.perf_counter() - start
+
+    def _finish(self, step: int) -> None:
+        """In the finishing thread: waits for Orbax's commit, writes the manifest (the chief), and on
+        s3 uploads the step and applies retention there."""
+        self._manager.wait_until_finished()
+        self._manager.check_for_errors()
+        if not os.path.isdir(self.step_dir(step)) and not storage.is_url(self.work_dir):
+            raise OSError(f"Orbax did not commit step {step} (no {self.step_dir(step)})")
+        if distributed.is_chief():
+            manifest.write(self.step_dir(step), step=step)
+        if self._mirror:
+            self._mirror.upload(step)
+            self._committed_on_s3(step)
+
+    def poll(self) -> list[int]:
+        """The steps committed since the last call of `poll` or `wait` (none while a save is in
+        flight); raises CheckpointSaveError when a save failed. Never blocks."""
+        if self._finisher is not None and self._finisher.done:
+            self._join_finisher()
+        committed, self._unreported = self._unreported, []
+        return committed
+
+    def _join_finisher(self) -> None:
+        finisher, self._finisher = self._finisher, None
+        if finisher is None:
+            return
+        finisher.join()
+        if finisher.error is not None:
+            raise self._save_failed(finisher.step, finisher.error)
+        self._unreported.append(finisher.step)
+
+    def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+        """One line naming the cause and the last good step; the failed step's partial files removed."""
+        self._failed = True
+        if not storage.is_url(self.work_dir):
+            for partial in glob.glob(os.path.join(self.work_dir, CHECKPOINTS_SUBDIR, f"{step}{TMP_MARKER}*")):
+                shutil.rmtree(partial, ignore_errors=True)
+        try:
+            self._manager.reload()
+            earlier = [s for s in self.all_steps() if s < step]
+        except Exception:  # noqa: BLE001 - the directory may be unreadable too; say so below
+            earlier = []
+        last = f"step {earlier[-1]} is the last good checkpoint" if earlier else "there is no earlier checkpoint"
+        return CheckpointSaveError(
+            f"saving the checkpoint of step {step} in {checkpoints_dir(self.model_dir)} failed: {_one_line(error)}. "
+            f"Nothing earlier was changed ({last}). Fix the cause (free disk space, check quota, permissions or the "
+            "storage endpoint) and run the same command again to resume.")
 
     def _saved_metrics(self, step: int) -> dict[str, float]:
         """The metrics saved with `step` (read once; on s3 from its metadata object, not the step)."""
@@ -171,7 +253,7 @@ class Checkpointer:
             self._manager.delete(step)
 
     def _committed_on_s3(self, step: int) -> None:
-        """Runs in the upload thread once `step` is committed: retention over the steps on s3."""
+        """Runs in the finishing thread once `step` is committed: retention over the steps on s3."""
         steps = set(self._remote_steps) | {step}
         dropped = [s for s in self._dropped_by_retention(steps) if s != step]
         for old in dropped:
@@ -184,14 +266,14 @@ class Checkpointer:
             if old < step:
                 self._manager.delete(old)
 
-    def wait(self) -> None:
-        """Blocks until the save in flight is complete (on s3: uploaded); raises its error."""
-        self._manager.wait_until_finished()
-        self._manager.check_for_errors()
-        if self._mirror:
-            self._mirror.wait()
-        elif self._manager.all_steps():
+    def wait(self) -> list[int]:
+        """Blocks until the save in flight is committed (on s3: uploaded); returns the steps
+        committed since the last `poll` or `wait`, or raises CheckpointSaveError."""
+        self._join_finisher()
+        if not self.read_only and not self._mirror and self._manager.all_steps():
             self._apply_retention()
+        committed, self._unreported = self._unreported, []
+        return committed
 
     # -- restoring -------------------------------------------------------------------------------
 
@@ -265,29 +347,33 @@ class Checkpointer:
         is not damage: it stops the run). Returns None when there is no checkpoint, and raises
         NoUsableCheckpointError (moving nothing) when there are some but none restores.
         """
-        damaged: list[tuple[int, str]] = []
+        damaged: list[tuple[int, str, str]] = []  # (step, state, why)
         for step in reversed(self.all_steps()):
+            found = self.check(step)
+            if not found.readable:
+                damaged.append((step, found.state, found.reason))
+                continue
             try:
                 metadata = self.metadata(step)
             except Exception as e:  # noqa: BLE001 - any failure to read means damage
-                damaged.append((step, _one_line(e)))
+                damaged.append((step, manifest.DAMAGED, _one_line(e)))
                 continue
             check(metadata)
             check_same_structure(self.state_shapes(step), abstract_state, step=step, model_dir=self.model_dir)
             try:
                 state, iterator_state, metadata = self.restore(step, abstract_state=abstract_state)
             except Exception as e:  # noqa: BLE001
-                damaged.append((step, _one_line(e)))
+                damaged.append((step, manifest.DAMAGED, _one_line(e)))
                 continue
-            for bad, reason in damaged:
+            for bad, bad_state, reason in damaged:
                 where = self.move_aside(bad)
-                warn(f"WARNING: the checkpoint at step {bad} is damaged ({reason}); moved it to {where} "
+                warn(f"WARNING: the checkpoint at step {bad} is {bad_state} ({reason}); moved it to {where} "
                      f"and restored step {step} instead.")
             return step, state, iterator_state, metadata
         if damaged:
             raise NoUsableCheckpointError(
                 f"None of the checkpoints in {checkpoints_dir(self.model_dir)} can be restored:\n  "
-                + "\n  ".join(f"step {s}: {r}" for s, r in damaged)
+                + "\n  ".join(f"step {s}: {kind} ({r})" for s, kind, r in damaged)
                 + "\nNothing was changed. Move the directory away to start afresh, or copy a good "
                 "checkpoint back into it.")
         return None
@@ -307,11 +393,48 @@ class Checkpointer:
         return destination
 
     def close(self) -> None:
-        """Waits for the save in flight, then releases Orbax's threads."""
+        """Waits for the save in flight, then releases Orbax's threads (a failed save is raised by
+        `wait`; `close` after it releases without raising it again)."""
         try:
             self.wait()
         finally:
-            self._manager.close()
+            try:
+                self._manager.close()
+            except Exception:  # noqa: BLE001 - Orbax raises a failed save again; it was reported already
+                if not self._failed:
+                    raise
+            if self._mirror and self.read_only:
+                shutil.rmtree(self._mirror.local_dir, ignore_errors=True)  # a reader's own downloads
+
+
+class _Finisher:
+    """Runs a save's finishing work (`work`) once, in a thread or inline, and keeps its error."""
+
+    def __init__(self, step: int, work: Callable[[], None]):
+        self.step, self._work = step, work
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self._work()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread by join()
+            self.error = e
+        finally:
+            self._done.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name=f"checkpoint-finish-{self.step}", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
 
 
 def _select(tree: dict, keep: Callable[[str], bool], prefix: str = "") -> dict:
@@ -328,72 +451,24 @@ def _select(tree: dict, keep: Callable[[str], bool], prefix: str = "") -> dict:
     return out
 
 
+# Causes a user can act on, found anywhere in an error's text or its chain (Orbax and TensorStore
+# wrap the OS error in several layers of their own).
+KNOWN_CAUSES = ("No space left on device", "Disk quota exceeded", "Permission denied", "Read-only file system",
+                "Connection refused", "Could not connect", "Name or service not known", "Access Denied",
+                "NoSuchBucket", "File too large")
+
+
 def _one_line(error: BaseException) -> str:
+    """The error in one line of at most 300 characters, led by a known cause when there is one."""
     text = f"{type(error).__name__}: {error}".strip()
-    first = text.splitlines()[0] if text else type(error).__name__
-    return first[:300]
-
-
-def _key_name(key: Any) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(key, attr):
-            return str(getattr(key, attr))
-    return str(key)
-
-
-def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
-    """{'opt_state/1/0/mu/decoder/...': shape} whether containers are namedtuples, lists or dicts."""
-    return {"/".join(_key_name(k) for k in path): tuple(leaf.shape)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(tree) if hasattr(leaf, "shape")}
-
-
-def structure_differences(saved_shapes: Any, wanted: Any, *, limit: int = 8) -> list[str]:
-    """One line per array whose presence or shape differs between two trees of shapes
-    (at most `limit` of each kind), named by its '/'-joined path."""
-    saved, want = _shapes_by_path(saved_shapes), _shapes_by_path(wanted)
-    missing = sorted(set(want) - set(saved))
-    extra = sorted(set(saved) - set(want))
-    shapes = sorted(k for k in set(saved) & set(want) if saved[k] != want[k])
-    return ([f"missing from the checkpoint: {k}" for k in missing[:limit]]
-            + [f"in the checkpoint only: {k}" for k in extra[:limit]]
-            + [f"{k}: checkpoint {saved[k]} vs config {want[k]}" for k in shapes[:limit]])
-
-
-def check_same_structure(saved_shapes: Any, abstract_state: Any, *, step: int, model_dir: str) -> None:
-    """Raises CheckpointMismatchError naming the arrays whose presence or shape differ.
-
-    Tells a changed configuration (another optimizer, other sizes) apart from a damaged file.
-    """
-    lines = structure_differences(saved_shapes, abstract_state)
-    if not lines:
-        return
-    raise CheckpointMismatchError(
-        f"The checkpoint at step {step} in {checkpoints_dir(model_dir)} does not fit this run's train state "
-        f"(model or optimizer changed?):\n  " + "\n  ".join(lines)
-        + "\nResume with the config the directory was trained with (its config.gin), or start a new "
-        "--gin.MODEL_DIR with --gin.train.init_from to take only the parameters. Nothing was changed.")
-
-
-def check_compatible(saved: dict, current: dict, *, model_dir: str) -> None:
-    """Raises CheckpointMismatchError naming each model field that differs."""
-    saved_model, current_model = saved.get("model", {}), current.get("model", {})
-    # Fields that change the parameter tree; switches like remat do not.
-    keys = sorted(set(saved_model) | set(current_model))
-    shape_fields = [k for k in keys if k not in ("dtype", "remat_policy", "dropout_rate", "scan_layers")]
-    diffs = [f"{k}: checkpoint {saved_model.get(k)!r} vs config {current_model.get(k)!r}"
-             for k in shape_fields if saved_model.get(k) != current_model.get(k)]
-    if saved.get("family") != current.get("family"):
-        diffs.insert(0, f"family: checkpoint {saved.get('family')!r} vs config {current.get('family')!r}")
-    if saved_model.get("scan_layers") != current_model.get("scan_layers"):
-        diffs.append(f"scan_layers: checkpoint {saved_model.get('scan_layers')!r} vs config "
-                     f"{current_model.get('scan_layers')!r} (parameter layouts differ)")
-    if diffs:
-        raise CheckpointMismatchError(
-            f"{checkpoints_dir(model_dir)} holds checkpoints of a different model:\n  "
-            + "\n  ".join(diffs)
-            + "\nUse a new --gin.MODEL_DIR for this model, or restore the config the directory "
-            "was trained with (see its config.gin). Nothing was changed in the directory."
-        )
+    first = (text.splitlines()[0] if text else type(error).__name__)[:300]
+    chain, seen = [], error
+    while seen is not None and len(chain) < 10:
+        chain.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    whole = "\n".join(chain).lower()
+    cause = next((c for c in KNOWN_CAUSES if c.lower() in whole), None)
+    return f"{cause} ({first})" if cause and cause.lower() not in first.lower() else first
 
 
 def to_saveable(state: Any, dropout_rng: jax.Array) -> dict:

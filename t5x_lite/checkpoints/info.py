@@ -1,9 +1,11 @@
 """`t5x-lite checkpoint info PATH`: what a checkpoint holds, read without loading its arrays.
 
-PATH is a model directory (local, gs:// or s3://; its latest step unless --step) or a step
+PATH is a model directory (local, gs:// or s3://; its newest good step unless --step) or a step
 directory MODEL_DIR/checkpoints/<step>. Prints the model, task, mesh and metrics saved with
-the step, the data iterator's position, the arrays (count, parameters, bytes) and the steps
-present; --config prints the resolved gin config the step was trained with instead.
+the step, the data iterator's position, the arrays (count, parameters, bytes) and the state of
+every step (good / damaged / incomplete / in progress: the described step's bytes are checked,
+the others' file sizes; `checkpoint verify` reads them all); --config prints the resolved gin
+config the step was trained with instead. Reads only: a running trainer is never disturbed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import jax
 import numpy as np
 
 from t5x_lite import errors
-from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints import checkpoint, lookup, verify
 
 USAGE = "t5x-lite checkpoint info PATH [--step N] [--config]"
 
@@ -36,14 +38,18 @@ def _array_summary(shapes: Any) -> dict[str, tuple[int, int, int]]:
 def describe(path: str, step: int | None = None) -> dict[str, Any]:
     """Everything `info` prints, as a dict (tested directly)."""
 
-    model_dir, step = checkpoint.locate(path, step)
-    checkpointer = checkpoint.Checkpointer(model_dir, create=False)
+    model_dir, step = lookup.locate(path, step)
+    checkpointer = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         metadata = checkpointer.metadata(step)
         return {
             "model_dir": model_dir,
             "step": step,
             "steps_present": checkpointer.all_steps(),
+            # The steps from the newest to the one described are read whole (as the reader's own
+            # choice of step was); older ones by their file sizes only.
+            "states": [checkpointer.check(s.step) if s.step >= step and not s.temporary else s
+                       for s in verify.directory_states(model_dir, sizes_only=True)],
             "metadata": metadata,
             "data_iterator": checkpointer.iterator_state(step),
             "arrays": _array_summary(checkpointer.state_shapes(step)),
@@ -58,6 +64,8 @@ def format_info(info: dict[str, Any]) -> str:
     model = metadata.pop("model", {})
     lines = [f"checkpoint: {info['model_dir']} step {info['step']}",
              f"steps present: {info['steps_present']}",
+             *[f"  {state.describe()}" + (" (sizes checked)" if state.step < info["step"] and state.state == "good"
+                                          else "") for state in info["states"]],
              f"family: {metadata.pop('family', '?')}",
              "model: " + ", ".join(f"{k}={v}" for k, v in model.items())]
     for key in ("task", "vocab_size", "sequence_length", "num_params", "mesh_axes"):
@@ -72,15 +80,11 @@ def format_info(info: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "info":
-        print(f"usage: {USAGE}", file=sys.stderr)
-        return 2
     parser = argparse.ArgumentParser(prog="t5x-lite checkpoint info", description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a model directory or MODEL_DIR/checkpoints/<step>")
-    parser.add_argument("--step", type=int, default=None, help="which step of a model directory (default: latest)")
+    parser.add_argument("--step", type=int, default=None, help="which step of a model directory (default: newest good)")
     parser.add_argument("--config", action="store_true", help="print the step's resolved gin config")
-    args = parser.parse_args(argv[1:])
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     with errors.reported():
         info = describe(args.path, args.step)
         if args.config:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.errors import ConfigValueError, UserError
 
 
@@ -117,8 +117,8 @@ def resolve(init: InitFrom) -> tuple[str, int]:
     """(model directory, step) named by `init.checkpoint` and `init.step`."""
 
     try:
-        return checkpoint.locate(init.checkpoint, init.step)
-    except checkpoint.CheckpointNotFoundError as e:
+        return lookup.locate(init.checkpoint, init.step)
+    except lookup.CheckpointNotFoundError as e:
         raise InitFromError(f"train.init_from: {e}") from None
 
 
@@ -126,7 +126,7 @@ def load_params(init: InitFrom, *, target_params: Any, warn: Callable[[str], Non
     """`target_params` (a sharded tree) with the values `init` names, in its dtypes and shardings."""
 
     model_dir, step = resolve(init)
-    checkpointer = checkpoint.Checkpointer(model_dir, create=False)
+    checkpointer = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         source = flatten(checkpointer.restore_params(step))
     finally:

@@ -13,10 +13,11 @@ import json
 from typing import Any
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.data.tokenizer_json import TokenizerJsonVocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.models import ModelConfig, config_from_dict
+from t5x_lite.tf_setup import import_tensorflow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RestoredModel:
         else the tokenizer.json of a converted Hugging Face model (MODEL_DIR/hf/, docs/interop.md)."""
 
         if storage.exists(self.vocabulary_file):
+            import_tensorflow()  # quietly, before seqio loads it
             import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
             return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
@@ -57,8 +59,8 @@ def restore(path: str, *, step: int | None = None, expected: ModelConfig | None 
     (CheckpointMismatchError otherwise); by default the checkpoint's own config is used.
     """
 
-    model_dir, step = checkpoint.locate(path, step)
-    checkpoints = checkpoint.Checkpointer(model_dir, create=False)
+    model_dir, step = lookup.locate(path, step)
+    checkpoints = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         metadata = checkpoints.metadata(step)
         if expected is not None:

@@ -20,9 +20,7 @@ import os
 import posixpath
 import shutil
 import tempfile
-import threading
 import time
-from typing import Callable
 
 from t5x_lite import storage
 
@@ -40,14 +38,15 @@ def staging_dir_for(remote_dir: str) -> str:
 
 
 class S3Mirror:
-    """Uploads finished local checkpoints of a run to s3 (one upload at a time, in a thread)."""
+    """Uploads finished local checkpoints of a run to s3 (the Checkpointer calls `upload` from its
+    finishing thread, one step at a time)."""
 
-    def __init__(self, remote_dir: str):
+    def __init__(self, remote_dir: str, *, read_only: bool = False):
         self.remote_dir = remote_dir.rstrip("/")
-        self.local_dir = staging_dir_for(self.remote_dir)
+        # A reader downloads the steps it reads into a staging directory of its own, so that it
+        # never touches the files of a trainer staging the same run on this machine.
+        self.local_dir = staging_dir_for(self.remote_dir) + (f".reader-{os.getpid()}" if read_only else "")
         os.makedirs(os.path.join(self.local_dir, CHECKPOINTS), exist_ok=True)
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self._uploaded_side: dict[str, tuple[int, float]] = {}
 
     def _remote_step(self, step: int) -> str:
@@ -95,23 +94,8 @@ class S3Mirror:
             if not (name.isdigit() and int(name) in committed):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
-    def upload_in_background(self, step: int, *, wait_for_local: Callable[[], None],
-                             after: Callable[[], None]) -> None:
-        """Uploads `step` once `wait_for_local()` returns (the local write finished), then runs `after`."""
-        self.wait()
-
-        def work():
-            try:
-                wait_for_local()
-                self._upload(step)
-                after()
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread by wait()
-                self._error = e
-
-        self._thread = threading.Thread(target=work, name=f"s3-upload-{step}", daemon=True)
-        self._thread.start()
-
-    def _upload(self, step: int) -> None:
+    def upload(self, step: int) -> None:
+        """Uploads the finished local `step`, the side files, then its COMMITTED marker."""
         local = self.local_step_dir(step)
         remote = self._remote_step(step)
         if storage.exists(remote):  # the remains of an unfinished or damaged earlier upload
@@ -147,12 +131,3 @@ class S3Mirror:
     def forget(self, step: int) -> None:
         """Drops the staged copy of a step that was moved away on s3."""
         shutil.rmtree(self.local_step_dir(step), ignore_errors=True)
-
-    def wait(self) -> None:
-        """Blocks until the upload in flight (if any) is done; raises its error."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import io
 import logging
 import os
 import re
+import tokenize
 from pathlib import Path
 from typing import Sequence
 
@@ -75,15 +77,95 @@ def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
         gin.add_config_file_search_path(path)
     if not gin_files:
         raise ConfigError("No --gin_file given; for example --gin_file=runs/quickstart.gin.")
+    reading: list[str] = []  # the gin file being parsed (innermost include last), while it is
     try:
-        with _quiet_search_misses():
+        with _quiet_search_misses(), _noting_files(reading):
             gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False,
                                                 skip_unknown=skip_unknown)
     except IOError as e:
         raise ConfigError(f"{e}\nGin files are searched in: {', '.join(gin_search_paths) or '(no --gin_search_paths)'}, "
                           f"the current directory, and {builtin_gin_dir()}.") from None
+    except tokenize.TokenError as e:  # an unclosed bracket or string: gin's tokenizer names no file
+        raise ConfigError(_unclosed_message(e, reading[-1] if reading else None, gin_bindings)) from None
+    except ImportError as e:  # an `import` statement in a gin file
+        raise ConfigError(f"{e}\nA gin file's `import` needs a module Python can import (check its name and "
+                          "PYTHONPATH).") from None
+    except UnicodeDecodeError as e:
+        where = f"{reading[-1]} is not a text file" if reading else "A binding is not text"
+        raise ConfigError(f"{where} (UTF-8): {e}.") from None
     except (ValueError, SyntaxError) as e:
-        raise ConfigError(_with_suggestion(str(e))) from None
+        raise ConfigError(_with_suggestion(_with_binding(str(e), None if reading else gin_bindings))) from None
+
+
+@contextlib.contextmanager
+def _noting_files(reading: list[str]):
+    """Keeps `reading` naming the gin file gin is parsing (a failed one stays named) while it parses;
+    refuses a file that includes itself (gin would recurse until Python's stack runs out)."""
+    def noted(reader):
+        @contextlib.contextmanager
+        def read(path):
+            if path in reading:
+                cycle = " -> ".join([*reading[reading.index(path):], path])
+                raise ConfigError(f"{path} includes itself: {cycle}; remove the `include` that closes the cycle.")
+            with reader(path) as f:
+                reading.append(path)
+                yield f
+                reading.pop()  # only when parsed without an error
+        return read
+
+    readers = gin.config._FILE_READERS  # noqa: SLF001 - gin has no API to wrap its readers
+    original = list(readers)
+    readers[:] = [(noted(reader), exists) for reader, exists in original]
+    try:
+        yield
+    finally:
+        readers[:] = original
+
+
+def _unclosed_message(error: tokenize.TokenError, path: str | None, bindings: Sequence[str]) -> str:
+    """Where a bracket or string opened and never closed, by file and line (or binding)."""
+    if path is not None:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            text = Path(path).read_text()
+            line, what = _unclosed(text) or (error.args[1][0], "a bracket or string is never closed")
+            return f"Cannot parse {path}, line {line}: {what}; the file ends inside it."
+        return f"Cannot parse {path}: {error.args[0]}."
+    line, what = _unclosed("\n".join(bindings)) or (error.args[1][0], "a bracket or string is never closed")
+    binding = bindings[line - 1] if 0 < line <= len(bindings) else "\n".join(bindings)
+    return f"Cannot parse the binding --gin.{binding.replace(' = ', '=', 1)}: {what}."
+
+
+def _unclosed(text: str) -> tuple[int, str] | None:
+    """(line, description) of the bracket or string that `text` never closes, as Python tokenizes it."""
+    opened: list[tuple[int, str]] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append((token.start[0], token.string))
+            elif token.type == tokenize.OP and token.string in ")]}" and opened:
+                opened.pop()
+    except tokenize.TokenError as e:
+        if "string" in e.args[0]:
+            return e.args[1][0], "a string opened here is never closed"
+        if opened:
+            return opened[-1][0], f"'{opened[-1][1]}' opened here is never closed"
+        return max(e.args[1][0] - 1, 1), "the statement continues past the end (a trailing backslash?)"
+    return None
+
+
+def _with_binding(message: str, bindings: Sequence[str] | None) -> str:
+    """Names the --gin.X=V binding of an error gin locates only by line; says how to write a
+    string that lacks its quotes."""
+    located = re.search(r"\((?:([^()]*), )?line (\d+)\)", message)
+    if bindings and located and not located.group(1) and 0 < int(located.group(2)) <= len(bindings):
+        binding = bindings[int(located.group(2)) - 1].replace(" = ", "=", 1)
+        message = message.replace(located.group(0), f"(in --gin.{binding})")
+    unparsed = re.search(r"Failed to parse token '([^']*)' (\(.*\))", message)
+    if not unparsed:
+        return message
+    token, where = unparsed.groups()
+    return (f"Cannot read the value {token!r} {where}: a string needs quotes ('{token}'; on the command line "
+            f"--gin.NAME=\"'{token}'\"), a configurable is @name() and a macro %NAME.")
 
 
 def _drop_package_path_reader() -> None:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from t5x_lite.data import tfrecord_stream
 from t5x_lite.data.task_access import FEATURE_CONVERTERS, DataConfig, get_task
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
@@ -50,13 +51,31 @@ class DataReadError(UserError, ValueError):
 
 @contextlib.contextmanager
 def _reading(config: DataConfig):
-    """Turns TensorFlow's errors from reading records into a DataReadError naming the split."""
+    """Turns TensorFlow's errors from reading records into a DataReadError naming the split (and,
+    for a damaged TFRecord, the file)."""
     tf = import_tensorflow()
     try:
         yield
     except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.DataLossError) as e:
-        raise DataReadError(f"Reading split {config.split!r} of {config.mixture_or_task_name!r} failed: "
-                            f"{root_message(e.message)}") from None
+        where = f"split {config.split!r} of {config.mixture_or_task_name!r}"
+        damaged = re.search(r"(?:corrupted|truncated) record at (\d+)", e.message)
+        found = damaged and tfrecord_stream.find_damaged(_split_files(config), int(damaged.group(1)))
+        if found:
+            raise DataReadError(f"Reading {where} failed: {found[0]} is damaged ({found[1]}); prepare the data "
+                                "again (t5x-lite prepare) or restore the file.") from None
+        raise DataReadError(f"Reading {where} failed: {root_message(e.message)}") from None
+
+
+def _split_files(config: DataConfig) -> list[str]:
+    """The files the split reads, over every task of a mixture (those of file-based sources)."""
+    provider = get_task(config.mixture_or_task_name)
+    files = []
+    for task in getattr(provider, "tasks", [provider]):
+        try:
+            files.extend(task.source.list_shards(config.split))
+        except Exception:  # noqa: BLE001 - a source without files (or without the split) has none to check
+            continue
+    return files
 
 
 def root_message(text: str) -> str:
@@ -109,9 +128,9 @@ def _trim_and_count(dataset, lengths: dict[str, int], stats: PipelineStats):
 def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: int,
                stats: PipelineStats | None = None):
     """One epoch of one data shard as a tf.data.Dataset of model-feature rows (unbatched)."""
+    tf = import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
     import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
-    tf = import_tensorflow()
     lengths = config.task_feature_lengths()
     provider = get_task(config.mixture_or_task_name)
     if config.split not in provider.splits:

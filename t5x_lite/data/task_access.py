@@ -111,9 +111,9 @@ FEATURE_CONVERTERS = {
 
 def get_task(name: str):
     """The registered seqio task or mixture `name`, with the list of known names on a miss."""
+    import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
     import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
-    import_tensorflow()
     try:
         return seqio.get_mixture_or_task(name)
     except ValueError:

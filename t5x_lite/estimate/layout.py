@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.parallel import partitioning
-from t5x_lite.training import run_spec
+from t5x_lite.training import run_spec, run_values
 
 
 def logical_shards(logical: tuple[str, ...], rules: Any, mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
@@ -27,7 +27,9 @@ def rules_for_mesh_shape(rules: Any, mesh_shape: Mapping[str, int]) -> Any:
 
 def check_layout(settings: run_spec.RunSpec, *, num_devices: int) -> tuple[dict[str, int], int]:
     """(mesh shape, batch shards) of the run on `num_devices`; a RunConfigError when the mesh, the
-    batch and the sequence length do not fit together (`train` runs the same check before compiling)."""
+    batch and the sequence length do not fit together (`train` runs the same check before compiling).
+    The values themselves (types, ranges) are checked first, as `train` checks them."""
+    run_values.check_values(settings)
     mesh_shape = estimate_math.resolve_mesh_shape(mesh_axes=settings.mesh_axes, num_devices=num_devices)
     rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
     batch_shards = logical_shards(("batch",), rules, mesh_shape)[0]

@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.checkpoints import checkpoint, lookup, restored_model
 from t5x_lite.data import task_access, task_modules
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
@@ -94,7 +94,7 @@ def steps_to_evaluate(available: Sequence[int], done: set[int], *, step: int | N
     """Which checkpoints to evaluate now: `step`, or every one not yet done, or the latest if not done."""
     if step is not None:
         if step not in available:
-            raise checkpoint.CheckpointNotFoundError(f"no checkpoint at step {step}; available: {list(available)}.")
+            raise lookup.CheckpointNotFoundError(f"no checkpoint at step {step}; available: {list(available)}.")
         return [step]
     if every_checkpoint:
         return [s for s in sorted(available) if s not in done]
@@ -144,7 +144,7 @@ def evaluate(
     if task_module:
         task_modules.import_task_module(task_module)
     output_dir = output_dir or storage.join(storage.absolute(model_dir), "eval")
-    model_dir, _ = checkpoint.locate(model_dir)  # fails clearly when there is no checkpoint at all
+    model_dir, _ = lookup.locate(model_dir)  # fails clearly when there is no checkpoint at all
     evaluators = _Evaluators(perplexity=perplexity, multiple_choice=multiple_choice, seqio_evals=seqio_evals,
                              output_dir=output_dir)
     # With several processes each evaluates on its own first device; process 0 writes the results.
@@ -175,11 +175,22 @@ def _watch(model_dir: str, output_dir: str, *, step: int | None, every_checkpoin
            poll_seconds: float, final_step: int | None) -> Iterator[int]:
     """Yields the steps to evaluate, then (with wait_seconds) new ones as they appear."""
     last_new = time.monotonic()
+    states: dict[int, Any] = {}  # each step's bytes are checked once (manifest.py), not at every poll
     while True:
-        checkpointer = checkpoint.Checkpointer(model_dir, create=False)
+        checkpointer = checkpoint.Checkpointer(model_dir, read_only=True)
         available = checkpointer.all_steps()
-        checkpointer.close()
         done = {s for s in available if storage.exists(result_path(output_dir, s))}
+        for s in available:
+            if s not in done and s not in states and (step is None or s == step):
+                states[s] = checkpointer.check(s)
+                if not states[s].readable and step is None:
+                    _say(f"WARNING: skipping the checkpoint at {states[s].describe()}")
+        checkpointer.close()
+        if step is not None and step in states and not states[step].readable:
+            raise lookup.DamagedCheckpointError(
+                f"the checkpoint at {states[step].describe()} in {checkpoint.checkpoints_dir(model_dir)}; "
+                "name another step (`t5x-lite checkpoint verify MODEL_DIR` lists each step's state).")
+        available = [s for s in available if s not in states or states[s].readable]
         todo = steps_to_evaluate(available, done, step=step, every_checkpoint=every_checkpoint or wait_seconds > 0)
         for chosen in todo:
             yield chosen

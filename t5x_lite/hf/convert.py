@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import checkpoint
+from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.checkpoints.init_from import flatten, unflatten
 from t5x_lite.hf import families, rules, safetensors_files
 from t5x_lite.hf.errors import ConversionError
@@ -97,7 +97,7 @@ def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable
     dims = family.dims(hf_config)
     model = family.config_from_hf(hf_config, scan_layers=scan_layers)
     out = storage.absolute(out)
-    existing = checkpoint.Checkpointer(out, create=False) if storage.exists(checkpoint.checkpoints_dir(out)) else None
+    existing = checkpoint.Checkpointer(out, read_only=True) if storage.exists(checkpoint.checkpoints_dir(out)) else None
     if existing is not None:
         steps_there = existing.all_steps()
         existing.close()
@@ -181,10 +181,10 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise ConversionError(f"{out} already exists and is not empty; nothing was written. Choose a new --out.")
     try:
-        model_dir, step = checkpoint.locate(checkpoint_path, step)
-    except checkpoint.CheckpointNotFoundError as e:
+        model_dir, step = lookup.locate(checkpoint_path, step)
+    except lookup.CheckpointNotFoundError as e:
         raise ConversionError(str(e)) from None
-    reader = checkpoint.Checkpointer(model_dir, create=False)
+    reader = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         metadata = reader.metadata(step)
         model = config_from_dict(metadata["family"], metadata["model"])

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
 
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import layers, stack
+
+# Compute dtypes a model runs in; parameters and optimizer state are float32 whatever this says.
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -17,15 +21,43 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigValueError(f"Unknown {name} {value!r}; choose one of {list(choices)}.")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 class ModelConfigBase:
     """Mixin for the frozen config dataclasses (fields `dtype`, `remat_policy`, `mlp_activations`)."""
 
     def _check_common(self) -> None:
+        self._check_field_types()
+        check_choice(f"{type(self).__name__}.dtype", self.dtype, COMPUTE_DTYPES)
         # JSON (checkpoint metadata) turns tuples into lists; keep the config hashable.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         stack.remat_policy(self.remat_policy)  # fails early on an unknown name
         for name in self.mlp_activations:
             check_choice("mlp_activations entry", name, tuple(layers.ACTIVATIONS))
+
+    def _check_field_types(self) -> None:
+        """Sizes are positive integers, rates and scales numbers in range, switches True/False."""
+        name = type(self).__name__
+        for field in dataclasses.fields(self):
+            value, kind = getattr(self, field.name), field.type
+            if kind == "int" and not (_is_int(value) and value >= 1):
+                raise ConfigValueError(f"{name}.{field.name}={value!r} must be a positive integer.")
+            if kind == "bool" and not isinstance(value, bool):
+                raise ConfigValueError(f"{name}.{field.name}={value!r} must be True or False.")
+            if kind == "str" and not isinstance(value, str):
+                raise ConfigValueError(f"{name}.{field.name}={value!r} must be a string in quotes.")
+            if kind in ("float", "float | None") and not (
+                    (value is None and kind != "float") or (_is_number(value) and value >= 0)):
+                raise ConfigValueError(f"{name}.{field.name}={value!r} must be a number >= 0"
+                                       + (" or None." if kind != "float" else "."))
+        if not self.dropout_rate < 1:
+            raise ConfigValueError(f"{name}.dropout_rate={self.dropout_rate!r} must be in [0, 1).")
 
     @property
     def compute_dtype(self) -> Any:

@@ -7,7 +7,8 @@ Owns:
                    (`jax.distributed.initialize`) before any device is used
 
 Public names: `partitioning.make_mesh`, `rules_for_mesh`, `num_batch_shards`, `batch_sharding`,
-`tree_shardings`, `host_batch_to_global`, `process_data_shard`, `LogicalRules`, `DEFAULT_RULES`;
+`tree_shardings`, `host_batch_to_global`, `process_data_shard`, `LogicalRules`, `DEFAULT_RULES`,
+`MeshError` (a mesh that does not fit the devices or processes: a UserError);
 `distributed.parse_flags`, `setup`, `is_chief`, `FLAGS_HELP`.
 
 May import (pyproject.toml's layers contract): models, storage, errors, tf_setup. Not metrics,

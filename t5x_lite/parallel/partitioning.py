@@ -25,9 +25,17 @@ from flax.linen import partitioning as nn_partitioning
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from t5x_lite.errors import ConfigValueError
+
 LogicalRules = Sequence[tuple[str, Any]]
 
 MESH_AXIS_NAMES = ("replica", "data", "fsdp", "tensor")
+
+
+
+class MeshError(ConfigValueError):
+    """Mesh axes that do not fit the devices or processes at hand; the message names the fix."""
+
 
 # Works for every mesh of the axes above: the mesh's sizes decide what is really split.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
@@ -59,21 +67,24 @@ def make_mesh(
     devices = list(devices if devices is not None else jax.devices())
     names = [name for name, _ in items]
     sizes = [size for _, size in items]
+    fix = ("set one axis to -1 to take the devices the others leave, e.g. "
+           "--gin.MESH_AXES=\"[('data', -1), ('fsdp', 1), ('tensor', 1)]\"")
+    if any(not isinstance(s, int) or isinstance(s, bool) or not (s >= 1 or s == -1) for s in sizes):
+        raise MeshError(f"Mesh axes {dict(items)}: each size must be a positive integer or -1 (the rest).")
     known = math.prod(s for s in sizes if s != -1)
     if sizes.count(-1) > 1:
-        raise ValueError(f"Mesh axes {dict(items)}: at most one axis may have size -1.")
+        raise MeshError(f"Mesh axes {dict(items)}: at most one axis may have size -1; give the others sizes.")
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(
-                f"Mesh axes {dict(items)} do not divide the {len(devices)} devices; "
-                "choose sizes whose product divides the device count."
-            )
+            raise MeshError(
+                f"Mesh axes {dict(items)} do not divide the {len(devices)} devices of this run: the sizes "
+                f"other than -1 multiply to {known}; choose sizes whose product divides {len(devices)}.")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(
-            f"Mesh axes {dict(zip(names, sizes))} need {math.prod(sizes)} devices but "
-            f"{len(devices)} are available; set one axis to -1 or fix the sizes."
-        )
+        raise MeshError(
+            f"Mesh axes {dict(zip(names, sizes))} need {math.prod(sizes)} devices but {len(devices)} "
+            f"{'is' if len(devices) == 1 else 'are'} available (jax.device_count()); {fix}, or run on "
+            f"{math.prod(sizes)} devices.")
     granules, per_slice = _granules(devices)
     if granules > 1:
         dcn = split_over_granules(dict(zip(names, sizes)), granules)
@@ -104,11 +115,11 @@ def split_over_granules(axes: Mapping[str, int], granules: int) -> list[int]:
         dcn.append(d)
         remaining //= d
     if remaining != 1:
-        raise ValueError(f"Mesh axes {dict(axes)} cannot be laid over {granules} hosts/slices: the product of "
+        raise MeshError(f"Mesh axes {dict(axes)} cannot be laid over {granules} hosts/slices: the product of "
                          "axes must be a multiple of the host count.")
     spanning = [name for name, d in zip(axes, dcn) if d > 1 and name == "tensor"]
     if spanning:
-        raise ValueError(f"Mesh axes {dict(axes)} over {granules} hosts would split the `tensor` axis across "
+        raise MeshError(f"Mesh axes {dict(axes)} over {granules} hosts would split the `tensor` axis across "
                          "hosts; make the outer axes (replica, data, fsdp) at least the host count.")
     return dcn
 
@@ -152,9 +163,12 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
 
 def num_batch_shards(mesh: Mesh, rules: LogicalRules) -> int:
     """How many ways the global batch is split (the product of the mesh axes `batch` maps to)."""
-    spec = logical_to_mesh_spec(("batch",), rules)[0]
-    axes = () if spec is None else (spec if isinstance(spec, tuple) else (spec,))
-    return math.prod(mesh.shape[a] for a in axes)
+    return math.prod(mesh.shape[a] for a in _axes_of(logical_to_mesh_spec(("batch",), rules)[0]))
+
+
+def _axes_of(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
 
 
 def host_batch_to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
@@ -171,13 +185,17 @@ def data_shard_from_rows(process_rows: Mapping[int, tuple[int, int]], process_in
     blocks = sorted(set(process_rows.values()))
     sizes = {stop - start for start, stop in blocks}
     if len(sizes) != 1 or any(a[1] > b[0] for a, b in zip(blocks, blocks[1:])):
-        raise ValueError(f"Processes hold uneven or overlapping rows of the batch: {dict(process_rows)}; "
+        raise MeshError(f"Processes hold uneven or overlapping rows of the batch: {dict(process_rows)}; "
                          "choose mesh axes whose batch axes split evenly over the processes.")
     return blocks.index(process_rows[process_index]), len(blocks)
 
 
 def process_data_shard(sharding: NamedSharding, global_rows: int) -> tuple[int, int, int]:
     """(data shard index, number of data shards, rows per process) of this process for a batch."""
+    shards = math.prod(sharding.mesh.shape[a] for a in _axes_of(sharding.spec[0] if len(sharding.spec) else None))
+    if not isinstance(global_rows, int) or isinstance(global_rows, bool) or global_rows < 1 or global_rows % shards:
+        raise MeshError(f"A batch of {global_rows!r} rows cannot be split over the {shards} batch shards of mesh "
+                        f"{dict(sharding.mesh.shape)}; use a positive multiple of {shards} (BATCH_SIZE).")
     rows: dict[int, list[int]] = {}
     for device, index in sharding.devices_indices_map((global_rows, 1)).items():
         start, stop, _ = index[0].indices(global_rows)

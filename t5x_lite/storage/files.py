@@ -58,16 +58,28 @@ def _gfile():
     return import_tensorflow().io.gfile
 
 
+def s3_endpoint() -> str:
+    """The S3 endpoint s3fs (botocore) uses: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS's own."""
+    return (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            or "AWS's default S3 endpoint")
+
+
 def _s3_call(path: str, fn, *args, **kwargs):
-    """Calls s3fs, turning a missing-credentials failure into a message that says what to set."""
-    from botocore.exceptions import NoCredentialsError, PartialCredentialsError  # only s3:// paths need it
+    """Calls s3fs, turning missing credentials and an endpoint that does not answer into a
+    StorageError that names the path, the endpoint and what to set."""
+    from botocore import exceptions as boto  # only s3:// paths need it
 
     try:
         return fn(*args, **kwargs)
-    except (NoCredentialsError, PartialCredentialsError) as e:
+    except (boto.NoCredentialsError, boto.PartialCredentialsError) as e:
         raise StorageError(
             f"Cannot reach {path!r}: {e}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
             "AWS_PROFILE), and AWS_ENDPOINT_URL for an S3-compatible store."
+        ) from None
+    except (boto.ConnectionError, boto.HTTPClientError) as e:
+        raise StorageError(
+            f"Cannot reach {path!r}: the S3 endpoint {s3_endpoint()} does not answer ({type(e).__name__}). "
+            "Check AWS_ENDPOINT_URL (an S3-compatible store's address) and the network."
         ) from None
 
 

@@ -6,6 +6,8 @@ Owns:
   run_spec.py    `RunSpec`, one description of a run, and the checks of its sizes
                  (`check_layout`, `check_vocabulary`) that train, estimate and launch share;
                  the checkpoint metadata a resumed run is compared with
+  run_values.py  `check_values`: the type and range of every value of a run, once, up front
+                 (train, estimate, launch); `check_model_dir`: a directory we can write or reach
   startup.py     before the first step: check the model directory, build the data iterator,
                  write config.gin and vocab/, restore the latest good checkpoint or initialise
   hooks.py       what happens beside stepping: `StepMetrics` (reports, the NaN/Inf check),
@@ -15,12 +17,14 @@ Owns:
   periods.py     every N steps or N epochs (`eval_period`, `checkpoint_period`)
   validation.py  the validation loss, and pipeline errors turned into messages that name the fix
   reporting.py   what the loop prints: window summaries, epoch stats, the initial-loss check
-  preemption.py  SIGTERM or JAX's preemption notice -> save, then `Preempted` (exit 75)
+  preemption.py  SIGTERM or JAX's preemption notice -> save, then `Preempted` (exit 75); before
+                 the first step `StartupSignals`: SIGTERM/SIGINT stop at once (75/130), one line
   profiling.py   `train.profile_steps`: a jax.profiler trace of chosen steps
 
 Public names: `loop.train`; `optim.OptimizerConfig`; `trainer.LossConfig`, `trainer.Trainer`,
 `trainer.compiled_memory_bytes`; `run_spec.RunSpec`, `run_spec.check_layout`;
-`preemption.Preempted`, `preemption.EXIT_PREEMPTED` (train.py).
+`run_values.check_values`; `preemption.Preempted`, `preemption.StoppedBySignal`,
+`preemption.StartupSignals`, `preemption.EXIT_PREEMPTED`, `preemption.EXIT_INTERRUPTED` (train.py).
 
 May import (pyproject.toml's layers contract): evaluation, inference, checkpoints, data,
 parallel, metrics, models, storage, errors, tf_setup. Not config: gin binds `train`'s keyword

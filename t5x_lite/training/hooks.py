@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
+from t5x_lite.checkpoints import lease as lease_lib
 from t5x_lite.data import input_pipeline
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import UserError
@@ -183,10 +184,13 @@ class Checkpoints(Hook):
 
     def __init__(self, *, writer: MetricsWriter, checkpointer: checkpoint_lib.Checkpointer, period: Period,
                  dropout_rng: jax.Array, iterator: input_pipeline.BatchIterator, metadata: dict, config_text: str,
-                 async_save: bool, step_metrics: StepMetrics, evaluation: Evaluation | None, last_saved: int | None):
+                 async_save: bool, step_metrics: StepMetrics, evaluation: Evaluation | None, last_saved: int | None,
+                 lease: lease_lib.Lease | None = None):
         self.writer, self.checkpointer, self.period = writer, checkpointer, period
         self.dropout_rng, self.iterator, self.metadata, self.config_text = dropout_rng, iterator, metadata, config_text
         self.async_save, self.step_metrics, self.evaluation = async_save, step_metrics, evaluation
+        self._started: dict[int, float] = {}  # when each save in flight began
+        self.lease = lease  # None on processes other than the chief
         step_metrics.last_saved = last_saved
 
     @property
@@ -195,6 +199,7 @@ class Checkpoints(Hook):
         return self.step_metrics.last_saved
 
     def after_step(self, info: StepInfo, step_metrics: dict[str, jax.Array]) -> None:
+        self._report(self.checkpointer.poll())  # a background save that finished (or failed)
         if info.due(self.period):
             self.save(info)
 
@@ -202,10 +207,17 @@ class Checkpoints(Hook):
         self.save_and_wait(info)
 
     def save_and_wait(self, info: StepInfo) -> None:
-        """Saves this step unless it is saved already, and waits until every write is done."""
+        """Saves this step unless it is saved already, and waits until every write is committed."""
         if self.last_saved != info.step:
             self.save(info)
-        self.checkpointer.wait()
+        self._report(self.checkpointer.wait())
+
+    def _report(self, committed: list[int]) -> None:
+        """"checkpoint saved" only for steps whose save is committed (files written, manifest last)."""
+        where = checkpoint_lib.checkpoints_dir(self.checkpointer.model_dir)
+        for step in committed:
+            took = time.perf_counter() - self._started.pop(step, time.perf_counter())
+            self.writer.print(f"step {step}: checkpoint saved in {where} (committed {took:.2f} s after the save began)")
 
     def save(self, info: StepInfo) -> None:
         step = info.step
@@ -215,11 +227,13 @@ class Checkpoints(Hook):
                          if evaluation and evaluation.evaluated_at == step else {})
         if self.step_metrics.last:
             saved_metrics["train/loss"] = self.step_metrics.last["loss"]
+        if self.lease is not None:
+            self.lease.check()  # stops the run if another took the directory over (a forced unlock)
+        self._started[step] = time.perf_counter()
         blocked = self.checkpointer.save(step, state=checkpoint_lib.to_saveable(info.state, self.dropout_rng),
                                          iterator_state=self.iterator.get_state(), metadata=self.metadata,
                                          config_text=self.config_text, metrics=saved_metrics)
         self.step_metrics.last_saved = step
-        how = "writing in the background" if self.async_save else "written"
-        where = checkpoint_lib.checkpoints_dir(self.checkpointer.model_dir)
-        self.writer.print(f"step {step}: checkpoint saved in {where} "
-                          f"(loop blocked {blocked:.2f} s, {how})")
+        if self.async_save:
+            self.writer.print(f"step {step}: saving a checkpoint in the background (loop blocked {blocked:.2f} s)")
+        self._report(self.checkpointer.poll())  # a synchronous save is committed already

@@ -8,6 +8,7 @@ samples and checkpoints are hooks (hooks.py) the loop calls after every step.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Callable, Sequence
 
 import gin
@@ -23,7 +24,7 @@ from t5x_lite.evaluation import eval_loop
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.parallel import distributed, partitioning
-from t5x_lite.training import hooks, profiling, reporting, run_spec, startup
+from t5x_lite.training import hooks, profiling, reporting, run_spec, run_values, startup
 from t5x_lite.training import trainer as trainer_lib
 from t5x_lite.training.optim import OptimizerConfig
 from t5x_lite.training.periods import parse_period
@@ -104,18 +105,26 @@ def train(
       profile_steps: (start, stop): write a jax.profiler trace of the steps from `start` up to
         `stop` to MODEL_DIR/profile/process_<i>/ for TensorBoard (None: no trace; docs/profiling.md).
     """
-    if task_module:
-        task_modules.import_task_module(task_module)
+    spec = RunSpec(model=model, train_data=train_data, eval_data=eval_data, optimizer=optimizer, loss=loss,
+                   mesh_axes=mesh_axes, logical_axis_rules=logical_axis_rules, train_steps=train_steps,
+                   num_epochs=num_epochs, microbatches=microbatches, peak_flops_per_device=peak_flops_per_device,
+                   model_dir=model_dir)
+    # Every value's type and range, once, before anything uses it (all bad ones in one message).
+    run_values.check_values(spec, eval_period=eval_period, checkpoint_period=checkpoint_period,
+                            eval_batches=eval_batches, log_period=log_period, seed=seed,
+                            init_loss_tolerance=init_loss_tolerance, sample_prompt=sample_prompt,
+                            sample_max_new_tokens=sample_max_new_tokens, async_checkpoints=async_checkpoints,
+                            progress_bar=progress_bar, task_module=task_module)
     if on_nonfinite not in ON_NONFINITE:
         raise ConfigValueError(f"train.on_nonfinite={on_nonfinite!r}: use one of {ON_NONFINITE}.")
     profiling.check_profile_steps(profile_steps)
     eval_every = parse_period(eval_period, name="train.eval_period")
     checkpoint_every = parse_period(checkpoint_period, name="train.checkpoint_period")
     model_dir = storage.absolute(model_dir)
-    spec = RunSpec(model=model, train_data=train_data, eval_data=eval_data, optimizer=optimizer, loss=loss,
-                   mesh_axes=mesh_axes, logical_axis_rules=logical_axis_rules, train_steps=train_steps,
-                   num_epochs=num_epochs, microbatches=microbatches, peak_flops_per_device=peak_flops_per_device,
-                   model_dir=model_dir)
+    spec = dataclasses.replace(spec, model_dir=model_dir)
+    run_values.check_model_dir(model_dir)  # a directory we can write (local) or reach (s3://, gs://)
+    if task_module:
+        task_modules.import_task_module(task_module)
     mesh = partitioning.make_mesh(axes=mesh_axes)
     rules = partitioning.rules_for_mesh(logical_axis_rules, mesh)
     run_spec.check_layout(spec, batch_shards=partitioning.num_batch_shards(mesh, rules),
@@ -138,6 +147,9 @@ def train(
                                           rules=rules, loss=loss, microbatches=microbatches)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(data.iterator.close)
+        # One writer per model directory: taken before the checkpointer cleans up or writes anything.
+        lease = cleanup.enter_context(startup.model_dir_lease(model_dir, is_chief=distributed.is_chief(),
+                                                              num_processes=jax.process_count()))
         checkpointer = checkpoint_lib.Checkpointer(model_dir, retention=retention, async_save=async_checkpoints)
         cleanup.callback(checkpointer.close)
         writer = MetricsWriter(checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0,
@@ -170,7 +182,7 @@ def train(
             writer=writer, checkpointer=checkpointer, period=checkpoint_every,
             dropout_rng=start.dropout_rng, iterator=data.iterator, metadata=metadata, config_text=config_text,
             async_save=async_checkpoints, step_metrics=step_metrics, evaluation=evaluation,
-            last_saved=start.restored_step)
+            last_saved=start.restored_step, lease=lease)
         profiler = profiling.StepProfiler(profile_steps, log_dir=profiling.trace_dir(model_dir, jax.process_index()),
                                           first_step=int(start.state.step), print_fn=writer.print)
         cleanup.callback(profiler.stop)

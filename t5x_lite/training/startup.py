@@ -8,15 +8,19 @@ state has been accepted (or found absent).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+import os
+from typing import Any, Iterator
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
+from t5x_lite.checkpoints import lease as lease_lib
 from t5x_lite.data import input_pipeline, task_access
 from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics.writer import MetricsWriter
@@ -29,7 +33,7 @@ from t5x_lite.training.trainer import Trainer, TrainState
 def check_model_dir(model_dir: str, *, metadata: dict, init_from: init_from_lib.InitFrom | None) -> int | None:
     """The latest step saved in `model_dir` (None: none), after checking that the newest readable
     checkpoint belongs to this run and that an `init_from` source exists. Writes nothing."""
-    existing = checkpoint_lib.Checkpointer(model_dir, create=False)
+    existing = checkpoint_lib.Checkpointer(model_dir, read_only=True)
     latest = existing.latest_step()
     for step in reversed(existing.all_steps()):
         try:
@@ -42,6 +46,40 @@ def check_model_dir(model_dir: str, *, metadata: dict, init_from: init_from_lib.
     if latest is None and init_from is not None:
         init_from_lib.resolve(init_from)  # a missing source fails here, before anything is written
     return latest
+
+
+@contextlib.contextmanager
+def model_dir_lease(model_dir: str, *, is_chief: bool, num_processes: int = 1) -> Iterator[lease_lib.Lease | None]:
+    """This run's lease on `model_dir` (the chief's; None on other processes), renewed in the
+    background and released on the way out: a second trainer on the directory stops at once.
+
+    Taken after every check has passed, so a refused run leaves the directory as it was (a
+    model directory created here only to hold the lease is removed again if still empty). With
+    several processes the chief tells the others whether it got the lease, so that all stop.
+    """
+    created = is_chief and not storage.is_url(model_dir) and not os.path.exists(model_dir)
+    lease, refusal = None, None
+    if is_chief:
+        try:
+            lease = lease_lib.Lease.acquire(model_dir)
+        except lease_lib.LeaseHeldError as e:
+            refusal = e
+    if num_processes > 1 and not multihost_utils.broadcast_one_to_all(np.int32(refusal is None)):
+        refusal = refusal or lease_lib.LeaseHeldError(
+            f"{model_dir} is in use by another run: the chief process (process 0) could not take its lease; "
+            "its log names the holder.")
+    try:
+        if refusal is not None:
+            raise refusal
+        if lease is not None:
+            lease.start_renewing()
+        yield lease
+    finally:
+        if lease is not None:
+            lease.release()
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(model_dir)  # only if nothing else was written
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,13 +162,15 @@ def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: chec
             iterator.set_state(iterator_state)
         except ValueError as e:
             raise RunConfigError(f"{e} Nothing was changed in {model_dir}.") from None
-    # Only now, with the saved state accepted (or absent), does this run's config replace the old one.
+    if restored is None:
+        state = _initial_state(trainer, example, model_dir=model_dir, seed=seed, init_from=init_from, writer=writer)
+        # Only now, with the starting state built (init_from's parameters mapped), is anything written.
+        if is_chief:
+            write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
+        return StartingPoint(state=state, dropout_rng=dropout_rng, restored_step=None)
+    # Only now, with the saved state accepted, does this run's config replace the old one.
     if is_chief:
         write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
-    if restored is None:
-        return StartingPoint(state=_initial_state(trainer, example, model_dir=model_dir, seed=seed,
-                                                  init_from=init_from, writer=writer),
-                             dropout_rng=dropout_rng, restored_step=None)
     writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
     if init_from is not None:
         writer.print(f"train.init_from ({init_from.checkpoint}) is not used: {model_dir} already holds this "

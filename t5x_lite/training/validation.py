@@ -7,7 +7,7 @@ from typing import Any
 
 from t5x_lite.data import input_pipeline
 from t5x_lite.data.task_access import DataConfig
-from t5x_lite.errors import RunConfigError, TaskDataError
+from t5x_lite.errors import RunConfigError, TaskDataError, UserError
 from t5x_lite.metrics import arithmetic as metric_math
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import trainer as trainer_lib
@@ -48,6 +48,8 @@ def pipeline_errors(cfg: DataConfig):
         yield
     except (input_pipeline.MissingSplitError, TaskDataError) as e:
         raise RunConfigError(str(e)) from None
+    except UserError:  # already names the problem (a damaged file, a bad value)
+        raise
     except ValueError as e:
         raise RunConfigError(
             f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"

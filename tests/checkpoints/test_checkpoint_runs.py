@@ -94,7 +94,7 @@ def test_model_dir_on_s3(data_dir, s3_server, tmp_path):
     run = f"s3://{S3_BUCKET}/cli-run"
     result = run_cli_env(data_dir, run, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert checkpoint.Checkpointer(run, create=False).all_steps() == [4]
+    assert checkpoint.Checkpointer(run, read_only=True).all_steps() == [4]
     for name in ("config.gin", "vocab/spm.model"):
         assert storage.exists(f"{run}/{name}"), name
     assert storage.glob(f"{run}/tb/train/*")

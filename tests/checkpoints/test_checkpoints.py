@@ -10,7 +10,7 @@ import pytest
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import info as checkpoint_info
-from t5x_lite.checkpoints import init_from
+from t5x_lite.checkpoints import init_from, lookup
 from t5x_lite.checkpoints.retention import RetentionPolicy, steps_to_keep
 from t5x_lite.checkpoints.s3_mirror import COMMIT_MARKER
 from t5x_lite.errors import ConfigValueError
@@ -111,7 +111,7 @@ def test_async_save_restores_exactly_and_applies_retention(trained, tmp_path):
     for step in range(1, 8):
         _save(checkpointer, step, state)
     checkpointer.close()
-    reader = checkpoint_lib.Checkpointer(tmp_path, create=False)
+    reader = checkpoint_lib.Checkpointer(tmp_path, read_only=True)
     assert reader.all_steps() == [4, 6, 7]
     restored, iterator_state, metadata = reader.restore(7, abstract_state=_abstract(trainer))
     _assert_equal(restored, _saveable(state))
@@ -185,7 +185,7 @@ def test_restore_on_another_mesh_continues_with_the_same_loss(tmp_path, target_a
     checkpointer.close()
 
     target = get_trainer(mesh_axes=target_axes)
-    reader = checkpoint_lib.Checkpointer(tmp_path, create=False)
+    reader = checkpoint_lib.Checkpointer(tmp_path, read_only=True)
     restored, _, _ = reader.restore(2, abstract_state=_abstract(target))
     reader.close()
     restored.pop("dropout_rng")
@@ -254,7 +254,7 @@ def test_s3_save_resume_retention_and_uncommitted_steps(trained, s3_server, tmp_
     for step in (1, 2, 3):
         _save(checkpointer, step, state, metrics={"eval/loss": 1.0 / step})
     checkpointer.close()
-    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [2, 3]
+    assert checkpoint_lib.Checkpointer(run, read_only=True).all_steps() == [2, 3]
     assert storage.exists(f"{run}/config.gin")
     # An upload that did not finish: files without the COMMITTED marker are not a checkpoint.
     with storage.open(f"{run}/checkpoints/9/state/junk", "wb") as f:
@@ -270,7 +270,7 @@ def test_s3_save_resume_retention_and_uncommitted_steps(trained, s3_server, tmp_
     _assert_equal(restored, _saveable(state))
     _save(reader, 9, state)  # the stale step-9 objects are replaced, then committed
     reader.close()
-    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [3, 9]
+    assert checkpoint_lib.Checkpointer(run, read_only=True).all_steps() == [3, 9]
     assert not storage.exists(f"{run}/checkpoints/9/state/junk")
     assert storage.exists(f"{run}/checkpoints/9/{COMMIT_MARKER}")
     info = json.loads(storage.open(f"{run}/checkpoints/9/metadata/metadata", "r").read())
@@ -281,18 +281,9 @@ def test_s3_save_resume_retention_and_uncommitted_steps(trained, s3_server, tmp_
 
 
 @pytest.fixture
-def small_disk(tmp_path):
+def small_disk(small_tmpfs):
     """A 600 KiB tmpfs: room for one checkpoint of the tiny state, not two."""
-    import subprocess
-
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount_point)],
-                            capture_output=True, text=True)
-    if result.returncode:
-        pytest.skip(f"cannot mount a small tmpfs to fill ({result.stderr.strip()}); needs root")
-    yield mount_point
-    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    return small_tmpfs("600k")
 
 
 def test_full_disk_fails_the_save_loudly_and_keeps_the_earlier_checkpoint(trained, small_disk):
@@ -307,7 +298,7 @@ def test_full_disk_fails_the_save_loudly_and_keeps_the_earlier_checkpoint(traine
         checkpointer.close()
     except Exception:  # noqa: BLE001 - the failed save may be reported again on close
         pass
-    reader = checkpoint_lib.Checkpointer(small_disk / "run", create=False)
+    reader = checkpoint_lib.Checkpointer(small_disk / "run", read_only=True)
     assert reader.all_steps() == [1]
     restored, _, _ = reader.restore(1, abstract_state=_abstract(trainer))
     _assert_equal(restored, _saveable(state))
@@ -333,7 +324,7 @@ def test_unreachable_bucket_fails_the_save_loudly_and_keeps_the_earlier_checkpoi
         checkpointer.wait()
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
     s3fs.S3FileSystem.clear_instance_cache()
-    reader = checkpoint_lib.Checkpointer(run, create=False)
+    reader = checkpoint_lib.Checkpointer(run, read_only=True)
     assert reader.all_steps() == [1]
     restored, _, _ = reader.restore(1, abstract_state=_abstract(trainer))
     _assert_equal(restored, _saveable(state))
@@ -357,9 +348,9 @@ def test_checkpoint_info_describes_a_step_without_loading_it(trained, tmp_path):
     assert f"params: {len(jax.tree.leaves(state.params))} arrays, {num_params:,} values" in text
     # A step directory names its own step; a step that is not there is an error naming those that are.
     assert checkpoint_info.describe(str(tmp_path / "checkpoints" / "3"))["step"] == 3
-    with pytest.raises(checkpoint_lib.CheckpointNotFoundError, match=r"available: \[3, 6\]"):
+    with pytest.raises(lookup.CheckpointNotFoundError, match=r"available: \[3, 6\]"):
         checkpoint_info.describe(str(tmp_path), step=4)
-    with pytest.raises(checkpoint_lib.CheckpointNotFoundError, match="no checkpoint in"):
+    with pytest.raises(lookup.CheckpointNotFoundError, match="no checkpoint in"):
         checkpoint_info.describe(str(tmp_path / "empty"))
 
 
@@ -373,9 +364,9 @@ def test_s3_keep_best_ranks_steps_saved_by_an_earlier_run(trained, s3_server, tm
     for step in (1, 2, 3):
         _save(checkpointer, step, state, metrics={"eval/loss": float(step)})
     checkpointer.close()
-    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [1, 3]
+    assert checkpoint_lib.Checkpointer(run, read_only=True).all_steps() == [1, 3]
     monkeypatch.setenv("T5X_LITE_STAGING_DIR", str(tmp_path / "second"))
     checkpointer = checkpoint_lib.Checkpointer(run, retention=policy)
     _save(checkpointer, 4, state, metrics={"eval/loss": 4.0})
     checkpointer.close()
-    assert checkpoint_lib.Checkpointer(run, create=False).all_steps() == [1, 4]
+    assert checkpoint_lib.Checkpointer(run, read_only=True).all_steps() == [1, 4]

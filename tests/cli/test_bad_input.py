@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import signal
+import time
 from pathlib import Path
 
-from tests.cli_helpers import run_cli, train
+import pytest
+
+from tests.cli_helpers import TINY_MODEL, run_cli, start_cli, train
+
+# What TensorFlow printed on every start of a CPU machine, whatever TF_CPP_MIN_LOG_LEVEL said.
+STARTUP_NOISE = ("Could not find cuda drivers", "failed call to cuInit",
+                 "All log messages before absl::InitializeLog()", "oneDNN custom operations",
+                 "Local rendezvous is aborting")
 
 
 def assert_bad_input(result, *phrases: str) -> None:
@@ -21,6 +30,25 @@ def assert_bad_input(result, *phrases: str) -> None:
 def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_quiet(stderr: str) -> None:
+    for line in STARTUP_NOISE:
+        assert line not in stderr, stderr[-3000:]
+
+
+def copy_of_trained_run(trained_run, tmp_path) -> tuple[Path, dict[str, str], int]:
+    """A copy of the tiny trained run to point a bad command at: (directory, digest, config.gin's mtime)."""
+    model_dir = tmp_path / "run"
+    shutil.copytree(trained_run[0], model_dir)
+    return model_dir, tree_digest(model_dir), (model_dir / "config.gin").stat().st_mtime_ns
+
+
+def assert_untouched(model_dir: Path, digest: dict[str, str], config_mtime: int) -> None:
+    """Nothing written or lost: the same files with the same bytes (no TensorBoard file added), and
+    config.gin not even rewritten."""
+    assert tree_digest(model_dir) == digest
+    assert (model_dir / "config.gin").stat().st_mtime_ns == config_mtime
 
 
 def test_missing_data_dir(tmp_path):
@@ -39,6 +67,7 @@ def test_vocabulary_size_disagrees_with_model(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.DecoderConfig.vocab_size=300")
     assert_bad_input(result, "vocabulary has 512 entries", "--gin.DecoderConfig.vocab_size=512")
     assert not (tmp_path / "run").exists()
+    assert_quiet(result.stderr)  # TensorFlow was loaded (the task's vocabulary): with TF_CPP_MIN_LOG_LEVEL=2
 
 
 def test_unknown_gin_binding_suggests_the_name(data_dir, tmp_path):
@@ -114,3 +143,134 @@ def test_malformed_jsonl_line_names_file_and_line(data_dir, tmp_path):
                    f"--gin.text_task.splits={{'train': '{corpus}', 'validation': '{corpus}'}}",
                    f"--gin.text_task.vocabulary='{data_dir}/spm.model'")
     assert_bad_input(result, f"{corpus}, line 3", "on_bad_line='skip'")
+
+
+# ------------------------------------------------------------------ every bad value refused up front
+
+@pytest.mark.parametrize("flags, phrases", [
+    (["--gin.TRAIN_STEPS=-5"], ["error: TRAIN_STEPS=-5 must be a positive integer or None."]),
+    (["--gin.TRAIN_STEPS='ten'"],
+     ["error: TRAIN_STEPS='ten' must be a positive integer or None (a number, without quotes)."]),
+    (["--gin.SEQUENCE_LENGTH=0"],
+     ["error: train/DataConfig.sequence_length (SEQUENCE_LENGTH)=0 must be a positive integer."]),
+    (["--gin.BATCH_SIZE=0"], ["error: train/DataConfig.batch_size (BATCH_SIZE)=0 must be a positive integer."]),
+    (["--gin.DecoderConfig.dtype='float17'"],
+     ["error: Unknown DecoderConfig.dtype 'float17'; choose one of ['float32', 'bfloat16', 'float16']."]),
+    (["--gin.MESH_AXES=[('data', 16)]"], ["error: Mesh axes {'data': 16} need 16 devices but 1 is available",
+                                         "set one axis to -1", "or run on 16 devices"]),
+    (["--gin.OptimizerConfig.peak_learning_rate=-0.1", "--gin.OptimizerConfig.warmup_steps=-1",
+      "--gin.train.log_period=0", "--gin.train.eval_period=-1", "--gin.train.microbatches=0",
+      "--gin.train.eval_batches=0"],
+     ["error: 6 values are invalid: train.microbatches=0 must be a positive integer",
+      "OptimizerConfig.peak_learning_rate=-0.1 must be a number > 0",
+      "OptimizerConfig.warmup_steps=-1 must be an integer >= 0", "train.eval_period=-1 is not a period",
+      "train.eval_batches=0 must be a positive integer or None", "train.log_period=0 must be a positive integer"]),
+], ids=["negative_steps", "string_steps", "zero_sequence_length", "zero_batch_size", "unknown_dtype",
+        "mesh_larger_than_devices", "rates_periods_and_counts"])
+def test_a_bad_value_is_refused_before_anything_is_written(data_dir, trained_run, tmp_path, flags, phrases):
+    """Against a run's directory: nothing in it changes, not even config.gin's time."""
+    model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=80", *flags)
+    assert_bad_input(result, *phrases)
+    assert_untouched(model_dir, digest, config_mtime)
+
+
+def test_a_model_dir_below_a_file_is_refused(data_dir, tmp_path):
+    (tmp_path / "file.txt").write_text("not a directory")
+    result = train(data_dir, tmp_path / "file.txt" / "run", "--gin.TRAIN_STEPS=2")
+    assert_bad_input(result, f"error: MODEL_DIR '{tmp_path}/file.txt/run' cannot be created: '{tmp_path}/file.txt' "
+                             "is a file, not a directory")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+def test_an_unreachable_s3_endpoint_is_named(data_dir):
+    """Nothing listens on port 9 of the loopback: the model directory's first access fails, up front."""
+    result = train(data_dir, "s3://t5x-lite-test/unreachable", "--gin.TRAIN_STEPS=2",
+                   extra_env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
+                              "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    assert_bad_input(result, "error: Cannot reach 's3://t5x-lite-test/unreachable': the S3 endpoint "
+                             "http://127.0.0.1:9 does not answer", "AWS_ENDPOINT_URL")
+
+
+def test_an_unclosed_bracket_in_a_gin_file_names_file_and_line(data_dir, tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_text("TRAIN_STEPS = 3\nMESH_AXES = [('data', -1),\n  ('fsdp', 1)\n")  # the file ends inside [ ]
+    result = train(data_dir, tmp_path / "run", f"--gin_file={bad}")
+    assert_bad_input(result, f"error: Cannot parse {bad}, line 2: '[' opened here is never closed")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_tfrecord_is_named(data_dir, tmp_path):
+    """Epochs planned (eval_period in epochs), so the whole split is read before anything is written.
+    TF_CPP_MIN_LOG_LEVEL unset, as a user's shell has it: TensorFlow's start-up lines and its
+    DATA_LOSS warning stay quiet all the same."""
+    damaged = tmp_path / "data"
+    shutil.copytree(data_dir, damaged)
+    shard = damaged / "train-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[1000] ^= 0xFF  # inside the first record's data
+    shard.write_bytes(bytes(data))
+    result = train(damaged, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.train.eval_period='1 epoch'",
+                   extra_env={"TF_CPP_MIN_LOG_LEVEL": None})
+    assert_bad_input(result, f"error: Reading split 'train' of 'python_stdlib_lm' failed: {shard} is damaged "
+                             "(bad data checksum in the record at byte 0)", "t5x-lite prepare")
+    assert_quiet(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def _signal_before_the_first_step(data_dir, model_dir, sig, *, after_line: str | None, after_seconds: float = 0):
+    """Starts a run and sends it `sig` when it prints `after_line` (or `after_seconds` after its start)."""
+    process = start_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
+                        f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, "--gin.TRAIN_STEPS=1000")
+    lines = []
+    if after_line is None:
+        time.sleep(after_seconds)
+        process.send_signal(sig)
+    for line in process.stdout:
+        lines.append(line)
+        if after_line is not None and line.startswith(after_line):
+            process.send_signal(sig)
+            break
+    lines.extend(process.stdout)
+    return process.wait(timeout=300), "".join(lines)
+
+
+STOPPED_AT_START = ("before the first step: nothing was saved; run the same command again to start (or to resume "
+                    "from the checkpoint the model directory already holds).")
+
+
+def test_sigterm_while_starting_exits_75_with_one_line(data_dir, tmp_path):
+    """Three seconds in: TensorFlow loading, or the data pipeline being built."""
+    code, out = _signal_before_the_first_step(data_dir, tmp_path / "run", signal.SIGTERM, after_line=None,
+                                              after_seconds=3)
+    assert code == 75, out[-3000:]
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == f"received SIGTERM {STOPPED_AT_START}", out[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sigterm_while_the_first_steps_compile_exits_75_with_one_line(data_dir, tmp_path):
+    """After the "model:" line the state and the step compile: the signal waits for a compile to
+    end (interrupted, XLA's compile thread would crash the exiting process), then stops the run at
+    once, or, when the loop has started meanwhile, after saving the first step."""
+    code, out = _signal_before_the_first_step(data_dir, tmp_path / "run", signal.SIGTERM, after_line="model:")
+    assert code == 75, out[-3000:]
+    assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    checkpoints = tmp_path / "run" / "checkpoints"
+    steps = sorted(p.name for p in checkpoints.iterdir() if p.name.isdigit()) if checkpoints.exists() else []
+    if last.startswith("received SIGTERM before"):
+        assert last == f"received SIGTERM {STOPPED_AT_START}" and steps == [], (last, steps)
+    else:
+        assert last.startswith("received SIGTERM: saved a checkpoint at step 1 and stopped"), out[-3000:]
+        assert steps == ["1"], steps
+
+
+def test_sigint_while_starting_exits_130_with_one_line(data_dir, tmp_path):
+    """Two seconds in: JAX, TensorFlow or the data pipeline still loading."""
+    code, out = _signal_before_the_first_step(data_dir, tmp_path / "run", signal.SIGINT, after_line=None,
+                                              after_seconds=2)
+    assert code == 130, out[-3000:]
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    assert out.strip().splitlines()[-1] == f"received SIGINT {STOPPED_AT_START}", out[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()

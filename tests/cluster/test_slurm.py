@@ -74,7 +74,7 @@ def _params_at(model_dir: Path, step: int, scratch: Path):
 
 def _saved_steps(model_dir: Path) -> list[int]:
     # keep_every=1: closing a Checkpointer applies its retention, and this one must delete nothing.
-    checkpoints = checkpoint.Checkpointer(str(model_dir), create=False, retention=RetentionPolicy(keep_every=1))
+    checkpoints = checkpoint.Checkpointer(str(model_dir), read_only=True, retention=RetentionPolicy(keep_every=1))
     try:
         return checkpoints.all_steps()
     finally:

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from t5x_lite.checkpoints import checkpoint, restored_model
-from t5x_lite.checkpoints.checkpoint import CheckpointMismatchError, CheckpointNotFoundError
+from t5x_lite.checkpoints.checkpoint import CheckpointMismatchError
+from t5x_lite.checkpoints.lookup import CheckpointNotFoundError
 from t5x_lite.data import builtin_tasks
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.evaluation import eval_loop

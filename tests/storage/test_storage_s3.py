@@ -118,3 +118,19 @@ def test_record_stream_matches_tensorflow_and_checks_crcs(tmp_path):
         (tmp_path / name).write_bytes(corrupt)
         with pytest.raises(tfrecord_stream.CorruptRecordError, match=message):
             list(tfrecord_stream.iter_records(str(tmp_path / name)))
+
+
+def test_an_s3_endpoint_that_does_not_answer_is_one_storage_error_naming_it(monkeypatch):
+    import s3fs
+
+    # Nothing listens on port 9 of the loopback; one attempt, so the test does not wait for retries.
+    for key, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
+                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(storage.StorageError, match=r"Cannot reach 's3://bucket/run': the S3 endpoint "
+                                                       r"http://127.0.0.1:9 does not answer"):
+            storage.exists("s3://bucket/run")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

@@ -1,0 +1,143 @@
+"""Checksums of a checkpoint's files, written when a step is committed and checked before it is read.
+
+Orbax stores no checksums, so a flipped byte in an array file restores silently as a wrong
+number. When a save is committed, `write` lists every file of the step with its size and
+CRC32C (google-crc32c) in `<step>/manifest.json`; `check` reads the files back and names the
+first one whose size or checksum differs, or that is missing. The manifest is written last,
+through a temporary name, so a step with a manifest is a step whose save finished.
+
+The state of a step, as every reader and `t5x-lite checkpoint verify` report it:
+
+    good         the manifest matches every file
+    damaged      a file is missing, shorter or longer, or its bytes changed
+    incomplete   Orbax committed the step but its manifest was never written (the run stopped
+                 in between), or an interrupted save's temporary directory
+    in progress  a temporary directory that a live run is writing
+    unverified   saved before manifests existed (restored without a check)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+from t5x_lite import storage
+
+MANIFEST = "manifest.json"
+VERSION = 1
+_CHUNK = 8 << 20
+
+GOOD, DAMAGED, INCOMPLETE, IN_PROGRESS, UNVERIFIED = "good", "damaged", "incomplete", "in progress", "unverified"
+READABLE = (GOOD, UNVERIFIED)  # the states a reader may restore
+
+
+@dataclasses.dataclass(frozen=True)
+class StepState:
+    """What `check` found for one step directory: its state and, unless good, why."""
+
+    step: int
+    state: str
+    reason: str = ""
+    temporary: bool = False  # an Orbax temporary directory rather than a committed step
+
+    @property
+    def readable(self) -> bool:
+        return self.state in READABLE
+
+    def describe(self) -> str:
+        return f"step {self.step}: {self.state}" + (f" ({self.reason})" if self.reason else "")
+
+
+def crc32c_of(path: str) -> tuple[int, str]:
+    """(size, CRC32C as 8 hex digits) of a file, read in chunks."""
+    import google_crc32c  # a C extension; loaded only where checksums are taken
+
+    checksum, size = google_crc32c.Checksum(), 0
+    with (open(path, "rb") if not storage.is_url(path) else storage.open(path, "rb")) as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+            size += len(chunk)
+    return size, checksum.hexdigest().decode()
+
+
+def _step_files(step_dir: str) -> list[str]:
+    """The step's files relative to it, '/'-separated, sorted; the manifest itself excluded."""
+    prefix = step_dir.rstrip("/") + "/"
+    files = [path[len(prefix):] for path in storage.walk_files(step_dir)]
+    if not storage.is_url(step_dir):
+        files = [f.replace(os.sep, "/") for f in files]
+    return sorted(f for f in files if f != MANIFEST and not f.startswith(f"{MANIFEST}."))
+
+
+def write(step_dir: str, *, step: int) -> dict:
+    """Writes `<step_dir>/manifest.json` of every file under it; returns the manifest."""
+    files = {}
+    for relative in _step_files(step_dir):
+        size, crc = crc32c_of(storage.join(step_dir, *relative.split("/")))
+        files[relative] = {"size": size, "crc32c": crc}
+    manifest = {"version": VERSION, "step": step, "files": files}
+    storage.write_whole(storage.join(step_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def has_manifest(step_dir: str) -> bool:
+    return storage.exists(storage.join(step_dir, MANIFEST))
+
+
+def check(step_dir: str, *, step: int, expects_manifest: bool | None = None, sizes_only: bool = False) -> StepState:
+    """The state of a committed step directory (see the module docstring).
+
+    `expects_manifest`: whether the step was saved by a version that writes manifests (its
+    metadata says so); None reads that from the step's metadata item. `sizes_only`: compare
+    each file's size and not its bytes (a quick look at a large directory; `good` then means
+    no file is missing, cut short or grown).
+    """
+    manifest_path = storage.join(step_dir, MANIFEST)
+    if not storage.exists(manifest_path):
+        if expects_manifest is None:
+            expects_manifest = _saved_with_manifest(step_dir)
+        if expects_manifest:
+            return StepState(step, INCOMPLETE, "committed by Orbax but no manifest.json: the run stopped before "
+                                               "the save was finished")
+        return StepState(step, UNVERIFIED, "saved without a manifest, so its bytes cannot be checked")
+    try:
+        with storage.open(manifest_path, "r") as f:
+            files = json.load(f)["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        return StepState(step, DAMAGED, f"{MANIFEST} is unreadable: {e}")
+    present = set(_step_files(step_dir))
+    for relative, expected in sorted(files.items()):
+        if relative not in present:
+            return StepState(step, DAMAGED, f"{relative} is missing")
+        path = storage.join(step_dir, *relative.split("/"))
+        if sizes_only:
+            size, crc = _size(path), expected["crc32c"]
+        else:
+            size, crc = crc32c_of(path)
+        if size != expected["size"]:
+            return StepState(step, DAMAGED, f"{relative} has {size} bytes, {expected['size']} when saved")
+        if crc != expected["crc32c"]:
+            return StepState(step, DAMAGED, f"{relative}: CRC32C {crc}, {expected['crc32c']} when saved "
+                                            "(its bytes changed after the save)")
+    extra = sorted(present - set(files))
+    if extra:
+        return StepState(step, DAMAGED, f"{extra[0]} was not part of the save" + (
+            f" (and {len(extra) - 1} more files)" if len(extra) > 1 else ""))
+    return StepState(step, GOOD)
+
+
+def _size(path: str) -> int:
+    if storage.is_url(path):
+        with storage.open(path, "rb") as f:
+            return f.seek(0, 2)
+    return os.path.getsize(path)
+
+
+def _saved_with_manifest(step_dir: str) -> bool:
+    """Whether the step's metadata item says a manifest was written with it (False if unreadable)."""
+    try:
+        with storage.open(storage.join(step_dir, "metadata", "metadata"), "r") as f:
+            return bool(json.load(f).get("manifest"))
+    except Exception:  # noqa: BLE001 - no readable metadata: it cannot say
+        return False
