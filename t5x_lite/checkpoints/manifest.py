@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 
@@ -71,12 +72,82 @@ def _step_files(step_dir: str) -> list[str]:
     return sorted(f for f in files if f != MANIFEST and not f.startswith(f"{MANIFEST}."))
 
 
+_PIECE = 32 << 20  # large local files are checksummed in pieces of this size, on several threads
+_CASTAGNOLI = 0x82F63B78  # CRC-32C's polynomial, bit-reflected
+
+
+def _times(matrix: tuple[int, ...], vector: int) -> int:
+    """A 32x32 matrix over GF(2) (one int per column) times a 32-bit vector."""
+    total, column = 0, 0
+    while vector:
+        if vector & 1:
+            total ^= matrix[column]
+        vector >>= 1
+        column += 1
+    return total
+
+
+@functools.cache
+def _zeros_operator(nbytes: int) -> tuple[int, ...]:
+    """The matrix that advances a CRC-32C register over `nbytes` zero bytes (zlib's crc32_combine
+    method: the one-bit operator squared three times is one byte; then square-and-multiply)."""
+    operator = (_CASTAGNOLI, *(1 << n for n in range(31)))  # one zero bit
+    for _ in range(3):
+        operator = tuple(_times(operator, column) for column in operator)
+    result = tuple(1 << n for n in range(32))  # identity
+    while nbytes:
+        if nbytes & 1:
+            result = tuple(_times(operator, column) for column in result)
+        operator = tuple(_times(operator, column) for column in operator)
+        nbytes >>= 1
+    return result
+
+
+def crc32c_combine(crc_a: int, crc_b: int, length_b: int) -> int:
+    """The CRC-32C of A followed by B from the CRC-32Cs of A and B and B's length (pure)."""
+    return _times(_zeros_operator(length_b), crc_a) ^ crc_b
+
+
+def _piece_crc(piece: tuple[str, int, int]) -> int:
+    """The CRC-32C of `length` bytes of a local file from `offset`."""
+    import google_crc32c
+
+    path, offset, length = piece
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while length > 0:
+            chunk = f.read(min(_CHUNK, length))
+            if not chunk:
+                break
+            checksum.update(chunk)
+            length -= len(chunk)
+    return int.from_bytes(checksum.digest(), "big")
+
+
+def _local_crc32c(path: str, pool: concurrent.futures.Executor) -> tuple[int, str]:
+    """(size, CRC32C) of a local file: its pieces on the pool, combined. The odd-sized piece comes
+    first, so that every combine advances over _PIECE bytes (one cached operator)."""
+    size = os.path.getsize(path)
+    head = size % _PIECE
+    pieces = ([(path, 0, head)] if head or not size else []) + [
+        (path, offset, _PIECE) for offset in range(head, size, _PIECE)]
+    crcs = list(pool.map(_piece_crc, pieces))
+    crc = crcs[0]
+    for later in crcs[1:]:
+        crc = crc32c_combine(crc, later, _PIECE)
+    return size, f"{crc:08x}"
+
+
 def _checksums(step_dir: str, relatives: list[str]) -> dict[str, tuple[int, str]]:
-    """{relative path: (size, CRC32C)}, the files read in parallel: google-crc32c and file reads
-    release the GIL, so a step of many array files is checksummed at several cores' speed."""
+    """{relative path: (size, CRC32C)}, read in parallel: google-crc32c and file reads release the
+    GIL, so a step is checksummed at several cores' speed (a large local file in pieces)."""
     paths = [storage.join(step_dir, *relative.split("/")) for relative in relatives]
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return dict(zip(relatives, pool.map(crc32c_of, paths)))
+        if storage.is_url(step_dir):
+            return dict(zip(relatives, pool.map(crc32c_of, paths)))
+        # Files one after the other, each one's pieces in parallel (a pool task never waits on the pool).
+        return {relative: _local_crc32c(path, pool) for relative, path in zip(relatives, paths)}
 
 
 def write(step_dir: str, *, step: int) -> dict:

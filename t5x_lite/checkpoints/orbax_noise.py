@@ -1,7 +1,8 @@
 """Orbax's own reports of failures, which the Checkpointer replaces with one line of its own.
 
-Orbax logs each failure with its traceback (hundreds of lines for one full disk) and its
-TensorStore threads report "Event loop is closed" dozens of times after a failed save; the
+Orbax logs each failure with its traceback (hundreds of lines for one full disk), asyncio
+reports each of its write tasks whose error nobody read, and its TensorStore threads report
+"Event loop is closed" dozens of times after a failed save; the
 Checkpointer raises one CheckpointSaveError naming the cause instead. Only those records are
 dropped: other libraries' logs and every other exception report are left as they are.
 """
@@ -21,7 +22,23 @@ class WithoutOrbaxLogs(logging.Filter):
         return f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
+class WithoutOrbaxTaskErrors(logging.Filter):
+    """After a failed save, asyncio reports each of Orbax's write tasks whose error nobody read
+    ("Task exception was never retrieved", with its traceback): those reports are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or not record.getMessage().startswith("Task exception was never retrieved"):
+            return True
+        traceback = record.exc_info[2]
+        while traceback is not None:
+            if f"{os.sep}orbax{os.sep}" in traceback.tb_frame.f_code.co_filename:
+                return False
+            traceback = traceback.tb_next
+        return True
+
+
 logging.getLogger("absl").addFilter(WithoutOrbaxLogs())
+logging.getLogger("asyncio").addFilter(WithoutOrbaxTaskErrors())
 
 
 def quiet_closed_loop_reports() -> None:

@@ -65,6 +65,22 @@ def _states(model_dir: Path) -> dict[int, str]:
 # -- manifests and step states ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("split", [0, 1, 7, 4096, 100_003])
+def test_crc32c_combine_equals_the_checksum_of_the_whole(split):
+    import google_crc32c
+
+    data = np.random.default_rng(split).integers(0, 256, 150_000, dtype=np.uint8).tobytes()
+    a, b = data[:split], data[split:]
+    assert manifest.crc32c_combine(google_crc32c.value(a), google_crc32c.value(b), len(b)) == google_crc32c.value(data)
+
+
+def test_a_large_file_checksummed_in_pieces_matches_one_pass(tmp_path, monkeypatch):
+    monkeypatch.setattr(manifest, "_PIECE", 1000)  # many pieces and an odd-sized first one
+    path = tmp_path / "big"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, 25_123, dtype=np.uint8).tobytes())
+    assert manifest._checksums(str(tmp_path), ["big"]) == {"big": manifest.crc32c_of(str(path))}
+
+
 @pytest.mark.parametrize("async_save", [True, False])
 def test_a_committed_step_has_a_manifest_of_every_file(tmp_path, async_save):
     _save_steps(tmp_path, async_save=async_save)
