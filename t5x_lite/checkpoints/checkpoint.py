@@ -26,7 +26,6 @@ directory with `read_only=True`: they never delete, clean up or write anything i
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import threading
@@ -217,9 +216,9 @@ class Checkpointer:
     def _save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
         """One line naming the cause and the last good step; the failed step's partial files removed."""
         self._failed = True
-        if not storage.is_url(self.work_dir):
-            for partial in glob.glob(os.path.join(self.work_dir, CHECKPOINTS_SUBDIR, f"{step}{TMP_MARKER}*")):
-                shutil.rmtree(partial, ignore_errors=True)
+        for partial_step, partial in self.temporary_steps():
+            if partial_step == step:
+                storage.remove_tree(partial)
         try:
             self._manager.reload()
             earlier = [s for s in self.all_steps() if s < step]
