@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from t5x_lite import errors
+from t5x_lite import errors, storage
 from t5x_lite.checkpoints import checkpoint, lease, manifest
 from t5x_lite.checkpoints.lookup import CheckpointNotFoundError
 
@@ -23,7 +23,7 @@ EXIT_DAMAGE_FOUND = 1
 def directory_states(model_dir: str, *, sizes_only: bool = False, steps: Sequence[int] | None = None
                      ) -> list[manifest.StepState]:
     """Every step's state, ascending, temporary directories included (`steps`: only these)."""
-    model_dir = checkpoint.storage.absolute(model_dir)
+    model_dir = storage.absolute(model_dir)
     reader = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         states = [reader.check(s, sizes_only=sizes_only) for s in reader.all_steps()
