@@ -293,8 +293,10 @@ class Checkpointer:
         return restored["state"], restored["data_iterator"], restored["metadata"]
 
     def restore_params(self, step: int, *, only: Callable[[str], bool] | None = None,
-                       shapes: Any = None) -> Any:
-        """The parameters of a step, on this process's first device, whatever mesh saved them.
+                       shapes: Any = None, shardings: Any = None) -> Any:
+        """The parameters of a step, whatever mesh saved them: on this process's first device, or
+        read straight into `shardings` (a tree of shardings like the params; each process reads
+        only the pieces its devices hold).
 
         `only('decoder/layers/attention/query/kernel')` picks which arrays are read (a converter
         reads a checkpoint one array at a time this way); the others are left out of the tree.
@@ -302,9 +304,11 @@ class Checkpointer:
         them takes longer than restoring a small array).
         """
         self._ready(step)
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              self.state_shapes(step)["params"] if shapes is None else shapes)
+        shapes = self.state_shapes(step)["params"] if shapes is None else shapes
+        if shardings is None:
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            shardings = jax.tree.map(lambda _: device, shapes)
+        target = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s), shapes, shardings)
         if only is not None:
             target = _select(target, only)
         # A partial restore (the optimizer state is not read) needs the PyTree handler itself.
@@ -312,7 +316,7 @@ class Checkpointer:
             restored = reader.restore(
                 self._manager.directory / str(step) / "state",
                 args=ocp.args.PyTreeRestore(item={"params": target}, partial_restore=True, restore_args=jax.tree.map(
-                    lambda _: ocp.ArrayRestoreArgs(sharding=device), {"params": target})))
+                    lambda t: ocp.ArrayRestoreArgs(sharding=t.sharding), {"params": target})))
         return restored["params"]
 
     def metadata(self, step: int) -> dict:

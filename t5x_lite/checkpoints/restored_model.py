@@ -4,6 +4,10 @@ Everything comes from the model directory (the checkpoint's metadata gives the m
 vocab/spm.model the vocabulary, or hf/tokenizer.json for a converted Hugging Face model), so no
 model gin file is needed. A model config that is given anyway must match the checkpoint, or the
 run stops naming the fields that differ.
+
+The params are read straight into their shardings on a `Placement` (the training rule tables
+on a mesh of every device of the run), so a model that needed FSDP to train is never gathered
+onto one device.
 """
 
 from __future__ import annotations
@@ -17,17 +21,19 @@ from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.data.tokenizer_json import TokenizerJsonVocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.models import ModelConfig, config_from_dict
+from t5x_lite.parallel.placement import Placement
 from t5x_lite.tf_setup import import_tensorflow
 
 
 @dataclasses.dataclass(frozen=True)
 class RestoredModel:
-    """A checkpoint's model config and float32 params (on this process's first device)."""
+    """A checkpoint's model config and its float32 params, sharded as `placement` says."""
 
     config: ModelConfig
     params: Any
     step: int
     model_dir: str
+    placement: Placement
 
     @property
     def vocabulary_file(self) -> str:
@@ -52,11 +58,16 @@ class RestoredModel:
                             "whose features carry the vocabulary instead.")
 
 
-def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None) -> RestoredModel:
+def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None,
+            mesh_axes: Any = None, rules: Any = None, local: bool = False) -> RestoredModel:
     """Reads the params of `path` (a model directory: its latest step unless `step`; or a step directory).
 
     `expected`, when given, must describe the same model as the checkpoint
     (CheckpointMismatchError otherwise); by default the checkpoint's own config is used.
+    `mesh_axes` and `rules` (a gin/mesh file's MESH_AXES and LOGICAL_AXIS_RULES) place the
+    params; None chooses the mesh from the model's size (placement.choose_mesh_axes). The mesh
+    spans every device of the run, or with `local` this process's devices alone (each process
+    then runs on its own, as infer's shards do).
     """
 
     model_dir, step = lookup.locate(path, step)
@@ -66,8 +77,9 @@ def restore(path: str, *, step: int | None = None, expected: ModelConfig | None 
         if expected is not None:
             current = {"family": expected.family, "model": json.loads(json.dumps(expected.to_dict()))}
             checkpoint.check_compatible(metadata, current, model_dir=model_dir)
-        params = checkpoints.restore_params(step)
+        config = expected or config_from_dict(metadata["family"], metadata["model"])
+        placement = Placement.build(mesh_axes=mesh_axes, rules=rules, model=config, local=local)
+        params = checkpoints.restore_params(step, shardings=placement.params_shardings(config))
     finally:
         checkpoints.close()
-    config = expected or config_from_dict(metadata["family"], metadata["model"])
-    return RestoredModel(config=config, params=params, step=step, model_dir=model_dir)
+    return RestoredModel(config=config, params=params, step=step, model_dir=model_dir, placement=placement)

@@ -13,6 +13,8 @@ import json
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+import jax
+
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup, restored_model
 from t5x_lite.data import task_access, task_modules
@@ -24,6 +26,7 @@ from t5x_lite.inference import predict
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import ModelConfig
 from t5x_lite.parallel import distributed
+from t5x_lite.parallel.placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +122,8 @@ def evaluate(
     perplexity: PerplexityEval | None = None,
     multiple_choice: Sequence[MultipleChoiceEval] = (),
     seqio_evals: Sequence[SeqioEval] = (),
+    mesh_axes: Sequence[tuple[str, int]] | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Evaluates checkpoints of `model_dir`; returns {step: results} of the steps evaluated now.
 
@@ -137,6 +142,9 @@ def evaluate(
       perplexity: strided perplexity of a task's split (PerplexityEval), or None.
       multiple_choice: multiple-choice sets (MultipleChoiceEval), decoder-only models.
       seqio_evals: seqio tasks with metric_fns (SeqioEval).
+      mesh_axes: the mesh the params are sharded over, as in training (a gin/mesh file's
+        MESH_AXES); None: data parallel over every device when the model fits on one, else FSDP.
+      logical_axis_rules: the rule table (LOGICAL_AXIS_RULES); None: partitioning.DEFAULT_RULES.
     """
     if perplexity is None and not multiple_choice and not seqio_evals:
         raise ConfigValueError("Nothing to evaluate: set evaluate.perplexity, evaluate.multiple_choice or "
@@ -147,7 +155,7 @@ def evaluate(
     model_dir, _ = lookup.locate(model_dir)  # fails clearly when there is no checkpoint at all
     evaluators = _Evaluators(perplexity=perplexity, multiple_choice=multiple_choice, seqio_evals=seqio_evals,
                              output_dir=output_dir)
-    # With several processes each evaluates on its own first device; process 0 writes the results.
+    # Every process scores its share of each batch on the mesh; process 0 writes the results.
     chief = distributed.is_chief()
     writer = MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
                                    enabled=chief and not storage.is_url(output_dir))
@@ -155,8 +163,10 @@ def evaluate(
     try:
         for chosen in _watch(model_dir, output_dir, step=step, every_checkpoint=every_checkpoint,
                              wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
-            restored = restored_model.restore(model_dir, step=chosen, expected=model)
+            restored = restored_model.restore(model_dir, step=chosen, expected=model, mesh_axes=mesh_axes,
+                                              rules=logical_axis_rules)
             results = evaluators.run(restored)
+            _report_share(restored)
             if chief:
                 _write_results(output_dir, chosen, results)
             for name, values in _scalar_groups(results):
@@ -228,7 +238,7 @@ class _Evaluators:
             stride = self.perplexity.stride or max(1, context // 2)
             results["perplexity"] = perplexity_eval.perplexity(
                 model=cfg, params=restored.params, documents=self.documents, context_length=min(context, cfg.max_len),
-                stride=stride, batch_size=self.perplexity.batch_size)
+                stride=stride, batch_size=self.perplexity.batch_size, placement=restored.placement)
             r = results["perplexity"]
             _say(f"step {restored.step}: {self.perplexity.mixture_or_task_name} {self.perplexity.split} perplexity "
                    f"{r['perplexity']:.3f} (loss {r['loss']:.4f} over {int(r['tokens'])} tokens, context {context}, "
@@ -237,7 +247,8 @@ class _Evaluators:
             _require_decoder("multiple-choice scoring", cfg)
             vocabulary = restored.vocabulary()
             results[mc.name] = score_multiple_choice_set(mc, model=cfg, params=restored.params,
-                                                         encode=lambda t: list(vocabulary.encode(t)))
+                                                         encode=lambda t: list(vocabulary.encode(t)),
+                                                         placement=restored.placement)
             r = results[mc.name]
             _say(f"step {restored.step}: {mc.name} acc {r['acc']:.4f}, acc_norm {r['acc_norm']:.4f} "
                    f"({int(r['examples'])} examples)")
@@ -250,6 +261,14 @@ class _Evaluators:
     def close(self) -> None:
         for evaluation_ in self.seqio:
             evaluation_.close()
+
+
+def _report_share(restored: restored_model.RestoredModel) -> None:
+    """With several processes, each says how many rows it computed (about 1/N of them each)."""
+    placement = restored.placement
+    if jax.process_count() > 1:
+        print(f"process {jax.process_index()}: step {restored.step}: computed {placement.rows_computed} rows "
+              f"in {placement.batches_run} batches on {placement.describe()}", flush=True)
 
 
 def _say(message: str) -> None:
@@ -279,11 +298,11 @@ def _documents(cfg: PerplexityEval) -> list[list[int]]:
 
 
 def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, params: Any,
-                              encode: Callable[[str], list[int]]) -> dict[str, float]:
+                              encode: Callable[[str], list[int]], placement: Placement | None = None) -> dict[str, float]:
     """acc / acc_norm of one multiple-choice set with these params (also run during training)."""
     examples = multiple_choice_lib.read_hellaswag(mc.path)[:mc.max_examples]
     return multiple_choice_lib.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
-                                            batch_size=mc.batch_size)
+                                                     batch_size=mc.batch_size, placement=placement)
 
 
 def _write_results(output_dir: str, step: int, results: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from t5x_lite import storage
 from t5x_lite.errors import EmptyEvalSetError, EvalDataError
 from t5x_lite.inference import scoring
 from t5x_lite.models.decoder_only import DecoderConfig
+from t5x_lite.parallel.placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,8 @@ def read_hellaswag(path: str) -> list[MultipleChoiceExample]:
 
 
 def score_multiple_choice(*, model: DecoderConfig, params: Any, examples: Sequence[MultipleChoiceExample],
-                          encode: Callable[[str], list[int]], batch_size: int) -> dict[str, float]:
+                          encode: Callable[[str], list[int]], batch_size: int,
+                          placement: Placement | None = None) -> dict[str, float]:
     """Accuracy of picking the most likely ending, as lm-evaluation-harness scores HellaSwag.
 
     Each ending is scored as the continuation " " + ending of the context. "acc" picks the
@@ -128,7 +130,8 @@ def score_multiple_choice(*, model: DecoderConfig, params: Any, examples: Sequen
     for example in examples:
         context = encode(example.context)
         requests.extend((context, encode(" " + ending)) for ending in example.endings)
-    results = scoring.continuation_logprobs(model=model, params=params, requests=requests, batch_size=batch_size)
+    results = scoring.continuation_logprobs(model=model, params=params, requests=requests, batch_size=batch_size,
+                                            placement=placement)
     correct = correct_norm = 0
     start = 0
     for example in examples:

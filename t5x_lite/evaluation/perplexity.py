@@ -10,6 +10,7 @@ from t5x_lite.errors import EmptyEvalSetError
 from t5x_lite.inference import scoring
 from t5x_lite.metrics import arithmetic as metric_math
 from t5x_lite.models.decoder_only import DecoderConfig
+from t5x_lite.parallel.placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,7 @@ def _window_row(tokens: Sequence[int], window: Window) -> scoring.Row:
 
 
 def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequence[int]], context_length: int,
-               stride: int, batch_size: int) -> dict[str, float]:
+               stride: int, batch_size: int, placement: Placement | None = None) -> dict[str, float]:
     """Strided perplexity of whole documents, each scored from its start (BOS).
 
     Returns the mean negative log-likelihood per scored token in nats ("loss"), its exp
@@ -68,7 +69,7 @@ def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequenc
         rows.extend(_window_row(tokens, window) for window in windows)
     if not rows:
         raise EmptyEvalSetError("The eval set is empty: the documents hold no tokens to score.")
-    results = scoring.score_rows(model, params, rows, batch_size)
+    results = scoring.score_rows(model, params, rows, batch_size, placement)
     tokens_scored = sum(count for _, count, _ in results)
     loss = -math.fsum(logprob for logprob, _, _ in results) / tokens_scored
     return {"loss": loss, "perplexity": metric_math.perplexity(loss), "tokens": tokens_scored, "windows": len(rows)}

@@ -10,8 +10,9 @@ the inputs, targets and predictions of each step in `<task>-<step>.jsonl`.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
+import jax
 import numpy as np
 
 from t5x_lite import storage
@@ -42,7 +43,12 @@ def unpadded_feature_converter_class() -> type:
 
 
 class SeqioEvaluation:
-    """One task's (or mixture's) evaluation split, evaluated with each checkpoint given to `run`."""
+    """One task's (or mixture's) evaluation split, evaluated with each checkpoint given to `run`.
+
+    Every process reads the split and decodes its share of each batch on the checkpoint's mesh;
+    the predictions are combined on every process, and process 0 alone computes the metrics
+    and writes seqio's logs.
+    """
 
     def __init__(self, *, mixture_or_task_name: str, split: str, log_dir: str, num_examples: int | None,
                  batch_size: int, decoding_config: predict.DecodingConfig):
@@ -50,14 +56,17 @@ class SeqioEvaluation:
         self.split = split
         self.batch_size = batch_size
         self.decoding_config = decoding_config
+        self.chief = jax.process_index() == 0
         import_tensorflow()
         import seqio  # with TensorFlow, loaded only when a SeqIO evaluation is asked for
 
-        storage.makedirs(log_dir)  # seqio's JSON logger writes into it without creating it
+        if self.chief:
+            storage.makedirs(log_dir)  # seqio's JSON logger writes into it without creating it
         try:
             self.evaluator = seqio.Evaluator(
                 mixture_or_task_name=mixture_or_task_name, feature_converter=unpadded_feature_converter_class()(),
-                eval_split=split, num_examples=num_examples, logger_cls=(seqio.JSONLogger, seqio.TensorBoardLogger),
+                eval_split=split, num_examples=num_examples,
+                logger_cls=(seqio.JSONLogger, seqio.TensorBoardLogger) if self.chief else (),
                 log_dir=log_dir, use_memory_cache=True)
         except (ValueError, KeyError) as e:
             raise TaskDataError(f"SeqIO evaluation of {mixture_or_task_name!r} ({split} split) cannot start: {e}") from None
@@ -66,36 +75,54 @@ class SeqioEvaluation:
                                 "register one with metrics (for example tasks/text_to_text.py) to evaluate it.")
 
     def run(self, restored: RestoredModel) -> dict[str, dict[str, float]]:
-        """{task name: {metric: value}} of this checkpoint; seqio's loggers write them as well."""
+        """{task name: {metric: value}} of this checkpoint ({} on processes other than 0); seqio's
+        loggers write them as well."""
         for task in self.evaluator.eval_tasks:
             if not any(True for _ in self.evaluator.cached_model_datasets[task.name].take(1)):
                 raise TaskDataError(f"The {self.split!r} split of {task.name!r} is empty; nothing to evaluate.")
         # A mixture's tasks share one vocabulary (seqio requires it of mixtures).
-        eos_id = self.evaluator.eval_tasks[0].output_features["targets"].vocabulary.eos_id
-        # seqio calls each function only when one of a task's metrics needs its output.
+        vocabulary = self.evaluator.eval_tasks[0].output_features["targets"].vocabulary
+        # seqio calls each function only when one of a task's metrics needs its output; every
+        # process calls the same ones (each is a collective over the mesh).
         metrics_future, _ = self.evaluator.evaluate(
-            compute_metrics=True, step=restored.step,
-            predict_fn=lambda ds: self._predict(restored, _numpy(ds), eos_id=eos_id),
-            score_fn=lambda ds: self._score(restored, _numpy(ds)))
-        return _plain(metrics_future.result())
+            compute_metrics=self.chief, step=restored.step,
+            predict_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary)[0],
+            score_fn=lambda ds: self._score(restored, _numpy(ds)),
+            predict_with_aux_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary))
+        return _plain(metrics_future.result() or {})
 
-    def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, eos_id: int):
-        prompts = [example["inputs"].tolist() for _, example in examples]
-        prompts = [_fit_prompt(restored, p, self.decoding_config) for p in prompts]
-        outputs = []
-        for batch_index, begin in enumerate(range(0, len(prompts), self.batch_size)):
-            outputs += predict.predict(model=restored.config, params=restored.params,
-                                       prompts=prompts[begin:begin + self.batch_size],
-                                       decoding_config=self.decoding_config, eos_id=eos_id, batch_index=batch_index)
-        return [(index, tokens) for (index, _), tokens in zip(examples, outputs)]
+    def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
+        """([(index, prediction)], {"scores": [...]}): each prediction's token ids padded to one length,
+        and the model's log-likelihood of each prediction given its inputs."""
+        prompts = [_fit_prompt(restored, example["inputs"].tolist(), self.decoding_config) for _, example in examples]
+        outputs = predict.predict(model=restored.config, params=restored.params, prompts=prompts,
+                                  decoding_config=self.decoding_config, eos_id=vocabulary.eos_id,
+                                  batch_size=self.batch_size, placement=restored.placement)
+        scores = predict.score(model=restored.config, params=restored.params, batch_size=self.batch_size,
+                               pairs=[(p, t or [vocabulary.eos_id]) for p, t in zip(prompts, outputs)],
+                               placement=restored.placement)
+        padded = pad_predictions(outputs, eos_id=vocabulary.eos_id)
+        return [(index, tokens) for (index, _), tokens in zip(examples, padded)], {"scores": scores}
 
     def _score(self, restored: RestoredModel, examples: list[tuple[int, dict]]):
         pairs = [(example["inputs"].tolist(), example["targets"].tolist()) for _, example in examples]
-        scores = predict.score(model=restored.config, params=restored.params, pairs=pairs, batch_size=self.batch_size)
+        scores = predict.score(model=restored.config, params=restored.params, pairs=pairs, batch_size=self.batch_size,
+                               placement=restored.placement)
         return [(index, value) for (index, _), value in zip(examples, scores)]
 
     def close(self) -> None:
         self.evaluator.close()
+
+
+def pad_predictions(predictions: Sequence[Sequence[int]], *, eos_id: int | None) -> list[list[int]]:
+    """Predictions of different lengths (each stops at its EOS) padded to one length with EOS.
+
+    seqio's Evaluator turns a task's predictions into one numpy array, which ragged lists cannot
+    be; `Vocabulary.decode` reads up to the first EOS, so the padding never reaches the text.
+    """
+    longest = max((len(p) for p in predictions), default=0)
+    fill = 0 if eos_id is None else eos_id
+    return [list(p) + [fill] * (longest + 1 - len(p)) for p in predictions]
 
 
 def _numpy(dataset) -> list[tuple[int, dict]]:

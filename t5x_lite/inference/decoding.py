@@ -14,6 +14,11 @@ Encoder-decoder (T5): the encoder runs once; the decoder caches its self-attenti
 values, and its cross-attention keys and values over the encoder output are computed once, at
 the BOS step, and cached too. Beam search flattens beams into the batch and reorders the cache
 rows by beam each step.
+
+With a `Placement` the params stay sharded as the placement put them and each batch's rows are
+split over the mesh's batch axes (padding rows fill the last shard); without one, everything
+runs on this process's first device. Each function returns every prompt's output on every
+process.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from flax import linen as nn
 
 from t5x_lite.models.decoder_only import DecoderConfig
 from t5x_lite.models.encoder_decoder import T5Config
+from t5x_lite.parallel import placement as placement_lib
+from t5x_lite.parallel.placement import Placement, RowResults
 
 Array = jax.Array
 PAD_ID = 0  # padding; also BOS, the first input token of both decoders
@@ -122,12 +129,28 @@ def _sample_loop(step: Step, state: Any, logits: Array, rng: Array, limits: Arra
     return jax.lax.while_loop(cond, body, carry)[1]
 
 
-def _until_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
-    tokens = [int(t) for t in tokens]
-    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+def until_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
+    """The tokens before the first EOS or padding (a stopped row's later entries are PAD_ID)."""
+    out = []
+    for t in tokens:
+        if t in (eos_id, PAD_ID):
+            break
+        out.append(int(t))
+    return out
 
 
-def _sampling(temperature: float, top_k: int, top_p: float) -> tuple:
+def _rows(x: Array) -> Array:
+    """Keeps a batch-major result split by rows (placement.local_rows reads each process's own)."""
+    return nn.with_logical_constraint(x, ("batch", *([None] * (x.ndim - 1))))
+
+
+def _padded(items: Sequence[Any], placement: Placement) -> tuple[list[Any], list[int]]:
+    """The items with None rows added up to the placement's batch shards, and the row ids (-1: padding)."""
+    rows = placement.padded_rows(len(items))
+    return list(items) + [None] * (rows - len(items)), list(range(len(items))) + [-1] * (rows - len(items))
+
+
+def sampling_settings(temperature: float, top_k: int, top_p: float) -> tuple:
     """Sampling settings as a hashable (static) jit argument."""
     return ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))
 
@@ -169,38 +192,61 @@ def _lm_generate(config: DecoderConfig, params: Any, tokens: Array, pad: Array, 
             return logits_at(buffer, prompt_slots + i), buffer
 
         logits, state = logits_at(tokens, last), tokens
-    return _sample_loop(step, state, logits, rng, limits, eos_id, num_steps=tokens.shape[1] - prompt_slots,
-                        sampling=dict(sampling))
+    return _rows(_sample_loop(step, state, logits, rng, limits, eos_id, num_steps=tokens.shape[1] - prompt_slots,
+                              sampling=dict(sampling)))
 
 
-def generate_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                   rng: Array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_id: int = 1,
-                   use_cache: bool = True) -> list[list[int]]:
-    """Continues each prompt of a decoder-only LM; returns only the new tokens, EOS excluded.
+def lm_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Sequence[int] | None], max_new_tokens: int,
+             rng: Array, sampling: tuple, eos_id: int, use_cache: bool, placement: Placement) -> Array | np.ndarray:
+    """[rows, width] new tokens of one batch of prompts (None: a padding row, which generates nothing).
 
-    Each row stops at its own EOS, after `max_new_tokens`, or when BOS + prompt + new tokens
-    fill `model.max_len`. temperature 0 is greedy; otherwise top-k / top-p sampling. An empty
-    prompt continues from BOS alone.
+    Row r's tokens stop at its EOS, after `max_new_tokens`, or when BOS + prompt + new tokens
+    fill `model.max_len`; PAD_ID follows. The rows are split over the placement's batch axes.
     """
-    if not prompts:
-        return []
-    for i, prompt in enumerate(prompts):
-        if len(prompt) + 1 > model.max_len:
-            raise ValueError(f"Prompt {i} has {len(prompt)} tokens but the model's max_len is {model.max_len}: "
-                             f"BOS + prompt must fit; shorten it to at most {model.max_len - 1} tokens.")
-    lengths = [len(p) + 1 for p in prompts]  # the model reads [BOS=0, t1, t2, ...]
-    limits = [max(0, min(max_new_tokens, model.max_len - n)) for n in lengths]
+    lengths = [len(p) + 1 if p is not None else 1 for p in prompts]  # the model reads [BOS=0, t1, t2, ...]
+    limits = [max(0, min(max_new_tokens, model.max_len - n)) if p is not None else 0
+              for p, n in zip(prompts, lengths)]
     if max(limits) == 0:
-        return [[] for _ in prompts]
+        return np.zeros((len(prompts), 1), np.int32)
     prompt_slots = _bucket(max(lengths))
     tokens = np.full((len(prompts), _bucket(prompt_slots + max(limits))), PAD_ID, np.int32)
     pad = np.asarray([prompt_slots - n for n in lengths], np.int32)
     for row, prompt in enumerate(prompts):
-        tokens[row, prompt_slots - len(prompt):prompt_slots] = prompt  # BOS (= PAD_ID) sits just before
-    out = _lm_generate(_for_decoding(model), params, tokens, pad, np.asarray(limits, np.int32), rng,
-                       np.int32(eos_id), prompt_slots=prompt_slots, use_cache=bool(use_cache),
-                       sampling=_sampling(temperature, top_k, top_p))
-    return [_until_eos(row[:limit], eos_id) for row, limit in zip(np.asarray(out), limits)]
+        if prompt:
+            tokens[row, prompt_slots - len(prompt):prompt_slots] = prompt  # BOS (= PAD_ID) sits just before
+    with placement.context():
+        return _lm_generate(_for_decoding(model), params, placement.put(tokens), placement.put(pad),
+                            placement.put(np.asarray(limits, np.int32)), placement.replicated(rng),
+                            placement.replicated(np.int32(eos_id)), prompt_slots=prompt_slots,
+                            use_cache=bool(use_cache), sampling=sampling)
+
+
+def check_lm_prompts(model: DecoderConfig, prompts: Sequence[Sequence[int]]) -> None:
+    for i, prompt in enumerate(prompts):
+        if len(prompt) + 1 > model.max_len:
+            raise ValueError(f"Prompt {i} has {len(prompt)} tokens but the model's max_len is {model.max_len}: "
+                             f"BOS + prompt must fit; shorten it to at most {model.max_len - 1} tokens.")
+
+
+def generate_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   rng: Array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_id: int = 1,
+                   use_cache: bool = True, placement: Placement | None = None) -> list[list[int]]:
+    """Continues each prompt of a decoder-only LM; returns only the new tokens, EOS excluded.
+
+    Each row stops at its own EOS, after `max_new_tokens`, or when BOS + prompt + new tokens
+    fill `model.max_len`. temperature 0 is greedy; otherwise top-k / top-p sampling. An empty
+    prompt continues from BOS alone. All prompts form one batch (padded to the batch shards).
+    """
+    if not prompts:
+        return []
+    check_lm_prompts(model, prompts)
+    placement = placement or placement_lib.of_params(params)
+    rows, ids = _padded(prompts, placement)
+    out = lm_batch(model=model, params=params, prompts=rows, max_new_tokens=max_new_tokens, rng=rng, eos_id=eos_id,
+                   sampling=sampling_settings(temperature, top_k, top_p), use_cache=use_cache, placement=placement)
+    results = RowResults(placement, total=len(prompts), width=max(1, max_new_tokens), dtype=np.int32, fill=PAD_ID)
+    results.add(ids, out)
+    return [until_eos(row, eos_id) for row in results.gather()]
 
 
 def generate(*, model: nn.Module | DecoderConfig, params: Any, prompt: Sequence[int], max_new_tokens: int,
@@ -218,10 +264,13 @@ def generate(*, model: nn.Module | DecoderConfig, params: Any, prompt: Sequence[
 # ---------------------------------------------------------------------------- encoder-decoder
 
 
-def _pad_inputs(inputs: Sequence[Sequence[int]]) -> np.ndarray:
-    """Encoder inputs right-padded with 0 (the encoder's padding) to a bucketed length."""
-    out = np.full((len(inputs), _bucket(max(len(x) for x in inputs))), PAD_ID, np.int32)
+def _pad_inputs(inputs: Sequence[Sequence[int] | None]) -> np.ndarray:
+    """Encoder inputs right-padded with 0 (the encoder's padding) to a bucketed length; a padding
+    row (None) repeats the first input, so it computes nothing a real row would not."""
+    real = [x for x in inputs if x is not None]
+    out = np.full((len(inputs), _bucket(max(len(x) for x in real))), PAD_ID, np.int32)
     for row, x in enumerate(inputs):
+        x = real[0] if x is None else x
         out[row, :len(x)] = x
     return out
 
@@ -249,7 +298,7 @@ def _seq2seq_steps(module: nn.Module, params: Any, inputs: Array, encoded: Array
 
 
 @partial(jax.jit, static_argnames=("config", "max_decode_length", "sampling", "use_cache"))
-def _seq2seq_generate(config: T5Config, params: Any, inputs: Array, rng: Array, eos_id: Array, *,
+def _seq2seq_generate(config: T5Config, params: Any, inputs: Array, limits: Array, rng: Array, eos_id: Array, *,
                       max_decode_length: int, sampling: tuple, use_cache: bool) -> Array:
     module = config.make_module()
     encoded = module.apply({"params": params}, inputs, method="encode")
@@ -267,24 +316,38 @@ def _seq2seq_generate(config: T5Config, params: Any, inputs: Array, rng: Array, 
 
         state = jnp.full((inputs.shape[0], cache_length), PAD_ID, jnp.int32)
         logits = logits_at(state, 0)
-    limits = jnp.full((inputs.shape[0],), max_decode_length, jnp.int32)
-    return _sample_loop(step, state, logits, rng, limits, eos_id, num_steps=max_decode_length,
-                        sampling=dict(sampling))
+    return _rows(_sample_loop(step, state, logits, rng, limits, eos_id, num_steps=max_decode_length,
+                              sampling=dict(sampling)))
+
+
+def seq2seq_batch(*, model: T5Config, params: Any, inputs: Sequence[Sequence[int] | None], max_decode_length: int,
+                  rng: Array, sampling: tuple, eos_id: int, use_cache: bool, placement: Placement) -> Array:
+    """[rows, max_decode_length] greedy or sampled tokens of one batch of encoder inputs (None: padding)."""
+    limits = np.asarray([0 if x is None else max_decode_length for x in inputs], np.int32)
+    with placement.context():
+        return _seq2seq_generate(_for_decoding(model), params, placement.put(_pad_inputs(inputs)), placement.put(limits),
+                                 placement.replicated(rng), placement.replicated(np.int32(eos_id)),
+                                 max_decode_length=int(max_decode_length), use_cache=bool(use_cache),
+                                 sampling=sampling)
 
 
 def generate_seq2seq(*, model: T5Config, params: Any, inputs: Sequence[Sequence[int]], max_decode_length: int,
                      rng: Array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_id: int = 1,
-                     use_cache: bool = True) -> list[list[int]]:
+                     use_cache: bool = True, placement: Placement | None = None) -> list[list[int]]:
     """Greedy (temperature 0) or sampled outputs of an encoder-decoder, EOS excluded, one per input.
 
     Each output stops at its EOS or after `max_decode_length` tokens.
     """
     if not inputs:
         return []
-    out = _seq2seq_generate(_for_decoding(model), params, _pad_inputs(inputs), rng, np.int32(eos_id),
-                            max_decode_length=int(max_decode_length), use_cache=bool(use_cache),
-                            sampling=_sampling(temperature, top_k, top_p))
-    return [_until_eos(row, eos_id) for row in np.asarray(out)]
+    placement = placement or placement_lib.of_params(params)
+    rows, ids = _padded(inputs, placement)
+    out = seq2seq_batch(model=model, params=params, inputs=rows, max_decode_length=max_decode_length, rng=rng,
+                        sampling=sampling_settings(temperature, top_k, top_p), eos_id=eos_id, use_cache=use_cache,
+                        placement=placement)
+    results = RowResults(placement, total=len(inputs), width=max_decode_length, dtype=np.int32, fill=PAD_ID)
+    results.add(ids, out)
+    return [until_eos(row, eos_id) for row in results.gather()]
 
 
 def _reorder_cache(cache: Any, rows: Array) -> Any:
@@ -299,7 +362,7 @@ def _reorder_cache(cache: Any, rows: Array) -> Any:
 @partial(jax.jit, static_argnames=("config", "max_decode_length", "beam_size"))
 def _beam_search(config: T5Config, params: Any, inputs: Array, alpha: Array, eos_id: Array, *,
                  max_decode_length: int, beam_size: int) -> tuple[Array, Array]:
-    """t5x's beam search on a KV cache: ([batch, beams, length] sequences, [batch, beams] scores), best first.
+    """t5x's beam search on a KV cache: the best hypothesis per row ([batch, length]) and its score ([batch, 1]).
 
     Beams are flattened into the batch ([batch * beams]); each step the 2 * beams best extensions
     are split into the best `beams` still alive and newly finished ones, which compete with the
@@ -351,12 +414,21 @@ def _beam_search(config: T5Config, params: Any, inputs: Array, alpha: Array, eos
     any_finished = jnp.any(finished, axis=1)
     seqs = jnp.where(any_finished[:, None, None], finished_seqs, live_seqs)
     scores = jnp.where(any_finished[:, None], finished_scores, live_logprobs / brevity_penalty(alpha, length))
-    return seqs, scores
+    return _rows(seqs[:, 0]), _rows(scores[:, :1])
+
+
+def beam_batch(*, model: T5Config, params: Any, inputs: Sequence[Sequence[int] | None], max_decode_length: int,
+               beam_size: int, alpha: float, eos_id: int, placement: Placement) -> tuple[Array, Array]:
+    """The best hypothesis ([rows, max_decode_length]) and its score ([rows, 1]) of one batch (None: padding)."""
+    with placement.context():
+        return _beam_search(_for_decoding(model), params, placement.put(_pad_inputs(inputs)),
+                            placement.replicated(np.float32(alpha)), placement.replicated(np.int32(eos_id)),
+                            max_decode_length=int(max_decode_length), beam_size=int(beam_size))
 
 
 def beam_search_with_scores(*, model: T5Config, params: Any, inputs: Sequence[Sequence[int]],
                             max_decode_length: int, beam_size: int = 4, alpha: float = 0.6,
-                            eos_id: int = 1) -> list[tuple[list[int], float]]:
+                            eos_id: int = 1, placement: Placement | None = None) -> list[tuple[list[int], float]]:
     """The best beam-search hypothesis per input (EOS excluded) and its score.
 
     The score is log p(tokens + EOS) / brevity_penalty(alpha, len(tokens) + 1) for a finished
@@ -367,15 +439,21 @@ def beam_search_with_scores(*, model: T5Config, params: Any, inputs: Sequence[Se
         return []
     if max_decode_length < 1 or beam_size < 1:
         raise ValueError(f"max_decode_length={max_decode_length} and beam_size={beam_size} must be at least 1.")
-    seqs, scores = _beam_search(_for_decoding(model), params, _pad_inputs(inputs), np.float32(alpha),
-                                np.int32(eos_id), max_decode_length=int(max_decode_length), beam_size=int(beam_size))
-    seqs, scores = np.asarray(seqs), np.asarray(scores)
-    return [(_until_eos(seqs[row, 0], eos_id), float(scores[row, 0])) for row in range(len(inputs))]
+    placement = placement or placement_lib.of_params(params)
+    rows, ids = _padded(inputs, placement)
+    seqs, scores = beam_batch(model=model, params=params, inputs=rows, max_decode_length=max_decode_length,
+                              beam_size=beam_size, alpha=alpha, eos_id=eos_id, placement=placement)
+    tokens = RowResults(placement, total=len(inputs), width=max_decode_length, dtype=np.int32, fill=PAD_ID)
+    values = RowResults(placement, total=len(inputs), width=1, dtype=np.float32)
+    tokens.add(ids, seqs)
+    values.add(ids, scores, count=False)
+    return [(until_eos(row, eos_id), float(score[0])) for row, score in zip(tokens.gather(), values.gather())]
 
 
 def beam_search(*, model: T5Config, params: Any, inputs: Sequence[Sequence[int]], max_decode_length: int,
-                beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1) -> list[list[int]]:
+                beam_size: int = 4, alpha: float = 0.6, eos_id: int = 1,
+                placement: Placement | None = None) -> list[list[int]]:
     """The best beam-search output per input, EOS excluded (see beam_search_with_scores)."""
     return [tokens for tokens, _ in beam_search_with_scores(model=model, params=params, inputs=inputs,
-                                                            max_decode_length=max_decode_length,
-                                                            beam_size=beam_size, alpha=alpha, eos_id=eos_id)]
+                                                            max_decode_length=max_decode_length, beam_size=beam_size,
+                                                            alpha=alpha, eos_id=eos_id, placement=placement)]

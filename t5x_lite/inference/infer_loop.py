@@ -7,6 +7,10 @@ finished and writes no line twice. Whichever shard finishes the last chunk joins
 prompt order, into OUTPUT. OUTPUT.parts/manifest.json pins what the chunks were made from
 (the prompts, the checkpoint step, the decoding settings): resuming with different ones is
 an error rather than a file that mixes two runs.
+
+Each process decodes its own chunks on a mesh of its own devices (data parallel when the model
+fits on one device, FSDP over the host's devices when it does not, or the given MESH_AXES),
+so the processes never wait for each other.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ def infer(
     num_shards: int | None = None,
     model: ModelConfig | None = None,
     task_module: str | None = None,
+    mesh_axes: Sequence[tuple[str, int]] | None = None,
+    logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
 ) -> dict[str, int]:
     """Writes one output line per prompt to `output`; returns counts of chunks written and skipped.
 
@@ -131,6 +137,9 @@ def infer(
       num_shards: how many shards share the prompts (None: jax.process_count()).
       model: a model config to check the checkpoint against (None: the checkpoint's own).
       task_module: a module of seqio task registrations to import first.
+      mesh_axes: the mesh of this process's devices the params are sharded over (a gin/mesh
+        file's MESH_AXES); None: data parallel when the model fits on one device, else FSDP.
+      logical_axis_rules: the rule table (LOGICAL_AXIS_RULES); None: partitioning.DEFAULT_RULES.
     """
     if (prompts_file is None) == (mixture_or_task_name is None):
         raise ConfigValueError("Set exactly one of infer.prompts_file (a jsonl of prompts) and "
@@ -143,7 +152,8 @@ def infer(
     manifest = _read_manifest(output)
     if step is None and manifest is not None:
         step = manifest["step"]
-    restored = restored_model.restore(model_dir, step=step, expected=model)
+    restored = restored_model.restore(model_dir, step=step, expected=model, mesh_axes=mesh_axes,
+                                      rules=logical_axis_rules, local=True)
     if prompts_file is not None:
         vocabulary = restored.vocabulary()
         prompts = read_jsonl_prompts(prompts_file, prompt_field=prompt_field, encode=vocabulary.encode)
@@ -169,6 +179,9 @@ def infer(
         storage.write_whole(chunk_path(output, chunk), "".join(lines))
         counts["written"] += 1
         print(f"chunk {chunk + 1}/{len(chunks)}: prompts {begin}-{end - 1} written", flush=True)
+    if jax.process_count() > 1:
+        print(f"process {jax.process_index()}: computed {restored.placement.rows_computed} rows in "
+              f"{restored.placement.batches_run} batches on {restored.placement.describe()}", flush=True)
     if all(storage.exists(chunk_path(output, c)) for c in range(len(chunks))):
         _join_chunks(output, len(chunks))
         print(f"wrote {len(prompts)} outputs to {output}", flush=True)
@@ -188,15 +201,12 @@ def _shard(shard_index: int | None, num_shards: int | None) -> tuple[int, int]:
 
 def _infer_chunk(restored: restored_model.RestoredModel, prompts: Sequence[Prompt], vocabulary, *,
                  decoding: predict.DecodingConfig, batch_size: int, first_batch: int) -> list[str]:
-    lines = []
-    for i, begin in enumerate(range(0, len(prompts), batch_size)):
-        batch = prompts[begin:begin + batch_size]
-        # The batch's number in the whole run seeds its sampling, so a resumed run samples the same.
-        outputs = predict.predict(model=restored.config, params=restored.params, prompts=[p.tokens for p in batch],
-                                  decoding_config=decoding, eos_id=vocabulary.eos_id, batch_index=first_batch + i)
-        lines += [json.dumps({**p.record, "output": vocabulary.decode(tokens)}, ensure_ascii=False) + "\n"
-                  for p, tokens in zip(batch, outputs)]
-    return lines
+    # The batch's number in the whole run seeds its sampling, so a resumed run samples the same.
+    outputs = predict.predict(model=restored.config, params=restored.params, prompts=[p.tokens for p in prompts],
+                              decoding_config=decoding, eos_id=vocabulary.eos_id, batch_size=batch_size,
+                              first_batch=first_batch, placement=restored.placement)
+    return [json.dumps({**p.record, "output": vocabulary.decode(tokens)}, ensure_ascii=False) + "\n"
+            for p, tokens in zip(prompts, outputs)]
 
 
 def _read_manifest(output: str) -> dict | None:

@@ -15,10 +15,13 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding, scoring
 from t5x_lite.models import ModelConfig
+from t5x_lite.parallel import placement as placement_lib
+from t5x_lite.parallel.placement import Placement, RowResults
 
 METHODS = ("greedy", "sample", "beam")
 
@@ -35,7 +38,8 @@ class DecodingConfig:
       top_p: keep the smallest set of tokens whose probability reaches top_p, 1 keeps all.
       beam_size: hypotheses kept per input ('beam' only).
       alpha: length penalty exponent ((5 + length) / 6) ** alpha ('beam' only; 0: none).
-      seed: the sampling RNG's seed; batch i of a run uses fold_in(seed, i).
+      seed: the sampling RNG's seed; batch i of a run uses fold_in(seed, i). Sampled outputs are the
+        same on any mesh whose batch shards divide the batch size (the batches are then the same).
     """
 
     method: str = "greedy"
@@ -69,46 +73,67 @@ def check_prompt_lengths(model: ModelConfig, prompts: Sequence[Sequence[int]], *
 
 
 def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], decoding_config: DecodingConfig,
-            eos_id: int, batch_index: int = 0) -> list[list[int]]:
-    """Generated token ids per prompt (EOS excluded)."""
+            eos_id: int, batch_size: int | None = None, first_batch: int = 0,
+            placement: Placement | None = None) -> list[list[int]]:
+    """Generated token ids per prompt (EOS excluded), on every process.
+
+    Prompts go `batch_size` at a time (all at once when None) through the placement's mesh,
+    each batch's rows split over its devices and processes; every process keeps its own rows
+    and they are combined once at the end. Batch b samples with fold_in(seed, first_batch + b).
+    """
     cfg = decoding_config
-    rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), batch_index)
-    sampling = dict(temperature=cfg.temperature if cfg.method == "sample" else 0.0,
-                    top_k=cfg.top_k if cfg.method == "sample" else 0,
-                    top_p=cfg.top_p if cfg.method == "sample" else 1.0)
+    if model.family == "decoder_only" and cfg.method == "beam":
+        raise ConfigValueError("Beam search decodes encoder-decoder models; use method 'greedy' or 'sample' "
+                               "for a decoder-only model.")
+    if not prompts:
+        return []
     if model.family == "decoder_only":
-        if cfg.method == "beam":
-            raise ConfigValueError("Beam search decodes encoder-decoder models; use method 'greedy' or 'sample' "
-                                   "for a decoder-only model.")
-        return decoding.generate_batch(model=model, params=params, prompts=prompts, rng=rng,
-                                       max_new_tokens=cfg.max_decode_length, eos_id=eos_id, **sampling)
-    if cfg.method == "beam":
-        return decoding.beam_search(model=model, params=params, inputs=prompts, max_decode_length=cfg.max_decode_length,
-                                    beam_size=cfg.beam_size, alpha=cfg.alpha, eos_id=eos_id)
-    return decoding.generate_seq2seq(model=model, params=params, inputs=prompts, rng=rng,
-                                     max_decode_length=cfg.max_decode_length, eos_id=eos_id, **sampling)
+        decoding.check_lm_prompts(model, prompts)
+    placement = placement or placement_lib.of_params(params)
+    sampling = decoding.sampling_settings(
+        temperature=cfg.temperature if cfg.method == "sample" else 0.0, top_k=cfg.top_k if cfg.method == "sample" else 0,
+        top_p=cfg.top_p if cfg.method == "sample" else 1.0)
+    tokens = RowResults(placement, total=len(prompts), width=cfg.max_decode_length, dtype=np.int32,
+                        fill=decoding.PAD_ID)
+    for b, ids in enumerate(placement_lib.batch_schedule(len(prompts), batch_size or len(prompts), placement)):
+        rows = [prompts[i] if i >= 0 else None for i in ids]
+        rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), first_batch + b)
+        if model.family == "decoder_only":
+            out = decoding.lm_batch(model=model, params=params, prompts=rows, max_new_tokens=cfg.max_decode_length,
+                                    rng=rng, sampling=sampling, eos_id=eos_id, use_cache=True, placement=placement)
+        elif cfg.method == "beam":
+            out, _ = decoding.beam_batch(model=model, params=params, inputs=rows,
+                                         max_decode_length=cfg.max_decode_length, beam_size=cfg.beam_size,
+                                         alpha=cfg.alpha, eos_id=eos_id, placement=placement)
+        else:
+            out = decoding.seq2seq_batch(model=model, params=params, inputs=rows,
+                                         max_decode_length=cfg.max_decode_length, rng=rng, sampling=sampling,
+                                         eos_id=eos_id, use_cache=True, placement=placement)
+        tokens.add(ids, out)
+    return [decoding.until_eos(row, eos_id) for row in tokens.gather()]
 
 
 def score(*, model: ModelConfig, params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-          batch_size: int) -> list[float]:
-    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs."""
+          batch_size: int, placement: Placement | None = None) -> list[float]:
+    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs, on every process."""
     if model.family == "decoder_only":
-        results = scoring.continuation_logprobs(model=model, params=params, requests=pairs, batch_size=batch_size)
+        results = scoring.continuation_logprobs(model=model, params=params, requests=pairs, batch_size=batch_size,
+                                                placement=placement)
         return [logprob for logprob, _, _ in results]
-    scores = []
-    for begin in range(0, len(pairs), batch_size):
-        chunk = pairs[begin:begin + batch_size]
-        inputs = _pad([p[0] for p in chunk], rows=batch_size)
-        targets = _pad([p[1] for p in chunk], rows=batch_size)
-        sums = _seq2seq_target_logprob(model, params, jnp.asarray(inputs), jnp.asarray(targets))
-        scores += [float(s) for s in np.asarray(sums, np.float64)[:len(chunk)]]
-    return scores
+    placement = placement or placement_lib.of_params(params)
+    sums = RowResults(placement, total=len(pairs), width=1, dtype=np.float32)
+    for ids in placement_lib.batch_schedule(len(pairs), batch_size, placement):
+        chunk = [pairs[i if i >= 0 else ids[0]] for i in ids]  # a padding row repeats the first
+        inputs, targets = _pad([p[0] for p in chunk]), _pad([p[1] for p in chunk])
+        with placement.context():
+            sums.add(ids, _seq2seq_target_logprob(model, params, placement.put(inputs), placement.put(targets)))
+    return [float(s) for s in sums.gather()[:, 0]]
 
 
-def _pad(sequences: Sequence[Sequence[int]], *, rows: int) -> np.ndarray:
+def _pad(sequences: Sequence[Sequence[int]]) -> np.ndarray:
     """[rows, length] int32, zero-padded; the length rounded up to a multiple of 16 to limit recompiles."""
     length = max(16, -(-max(len(s) for s in sequences) // 16) * 16)
-    out = np.zeros((rows, length), np.int32)
+    out = np.zeros((len(sequences), length), np.int32)
     for i, s in enumerate(sequences):
         out[i, :len(s)] = s
     return out
@@ -116,10 +141,11 @@ def _pad(sequences: Sequence[Sequence[int]], *, rows: int) -> np.ndarray:
 
 @partial(jax.jit, static_argnames="model")
 def _seq2seq_target_logprob(model: ModelConfig, params: Any, inputs: jax.Array, targets: jax.Array) -> jax.Array:
-    """Per-row sum of log p(target token) for an encoder-decoder; padding (id 0) is not scored."""
+    """[batch, 1]: per row, the sum of log p(target token) for an encoder-decoder; padding (id 0) is not scored."""
     decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # shift right: BOS = 0
     logits = model.make_module().apply({"params": params}, encoder_input_tokens=inputs,
                                        decoder_input_tokens=decoder_inputs)
     logprobs = jax.nn.log_softmax(logits.astype(jnp.float32))
     picked = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(targets > 0, picked, 0.0), axis=-1)
+    sums = jnp.sum(jnp.where(targets > 0, picked, 0.0), axis=-1, keepdims=True)
+    return nn.with_logical_constraint(sums, ("batch", None))

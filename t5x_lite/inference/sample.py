@@ -1,6 +1,8 @@
 """`t5x-lite sample --model_dir=DIR --prompt=TEXT`: generate text from a trained checkpoint.
 
-`sample_texts` is also what the train loop prints at each evaluation (training/hooks.py).
+`sample_texts` is also what the train loop prints at each evaluation (training/hooks.py), with
+the same defaults: a run's "step N samples (seed S)" are what `t5x-lite sample --step=N
+--seed=S` prints for the same prompt.
 
 Reads everything from the model directory (the checkpoint's metadata gives the model's
 sizes, vocab/spm.model the vocabulary), so no gin file is needed.
@@ -19,17 +21,23 @@ from t5x_lite.checkpoints import restored_model
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding
 from t5x_lite.models import ModelConfig
+from t5x_lite.parallel.placement import Placement
 
 
 def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: Sequence[str],
                  max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
-                 top_p: float = 1.0) -> list[str]:
-    """Decodes a sampled continuation of each prompt as text (one batch, KV-cached)."""
+                 top_p: float = 1.0, placement: Placement | None = None) -> list[str]:
+    """Each prompt followed by its sampled continuation, as text (one KV-cached batch).
+
+    Spaces that end a prompt are left for the model to write: SentencePiece and byte-level
+    BPE vocabularies attach a space to the word after it, so a prompt's trailing space would
+    become a lone space token, which the training text puts almost only before numbers.
+    """
+    encoded = [list(vocabulary.encode(p.rstrip(" "))) for p in prompts]
     tokens = decoding.generate_batch(
-        model=model, params=params, prompts=[list(vocabulary.encode(p)) for p in prompts],
-        max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed), temperature=temperature, top_k=top_k,
-        top_p=top_p, eos_id=vocabulary.eos_id)
-    return [vocabulary.decode(t) for t in tokens]
+        model=model, params=params, prompts=encoded, max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed),
+        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id, placement=placement)
+    return [vocabulary.decode(prompt + new) for prompt, new in zip(encoded, tokens)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -50,8 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    "text with decoder-only models (use `t5x-lite infer` for encoder-decoders).")
         [text] = sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
                               prompts=[args.prompt], max_new_tokens=args.max_new_tokens, seed=args.seed,
-                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        print(f"[step {restored.step}]\n{args.prompt}{text}")
+                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              placement=restored.placement)
+        print(f"[step {restored.step}]\n{text}")
     return 0
 
 

@@ -4,7 +4,8 @@ documents, and multiple-choice scoring (HellaSwag) as lm-evaluation-harness comp
 Everything reduces to one question asked of the model: the log-probability of some tokens
 (a continuation) after others (a prefix). The arithmetic around it (windows, batching,
 accuracies) is plain Python and numpy; the one model call is `_score_batch`, jitted with the
-model config static.
+model config static. With a `Placement`, each batch's rows are split over its mesh (every
+process and device scores its own) and the per-row results are combined once, at the end.
 
 Input convention (decoder_only.Decoder): the model sees [BOS=0, t1, t2, ...] and the logits at
 position i predict token i+1.
@@ -18,9 +19,12 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from t5x_lite.models import losses
 from t5x_lite.models.decoder_only import DecoderConfig
+from t5x_lite.parallel import placement as placement_lib
+from t5x_lite.parallel.placement import Placement, RowResults
 
 BOS_ID = 0
 # Batches are padded up to a multiple of this many tokens (capped at max_len): few compiles.
@@ -33,21 +37,20 @@ Row = tuple[Sequence[int], Sequence[int]]
 LogLikelihood = tuple[float, int, bool]
 
 
-# --- Strided perplexity windows ---------------------------------------------------------------
-
-
 # --- The model call ---------------------------------------------------------------------------
 
 @functools.partial(jax.jit, static_argnums=0)
 def _score_batch(model: DecoderConfig, params: Any, inputs: jax.Array, targets: jax.Array,
-                 weights: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per row: the summed log-probability of the weighted targets, and whether each is the argmax."""
+                 weights: jax.Array) -> jax.Array:
+    """[batch, 2]: per row, the summed log-probability of the weighted targets, and 1.0 where each
+    of them is the argmax."""
     logits = model.make_module().apply({"params": params}, inputs)
     nll, _ = losses.cross_entropy_with_logits(logits, targets)
     scored = weights > 0
     logprob_sums = -jnp.sum(jnp.where(scored, nll, 0.0), axis=-1)
     greedy = jnp.all(jnp.where(scored, jnp.argmax(logits, axis=-1) == targets, True), axis=-1)
-    return logprob_sums, greedy
+    out = jnp.stack([logprob_sums, greedy.astype(jnp.float32)], axis=-1)
+    return nn.with_logical_constraint(out, ("batch", None))
 
 
 def _bucket(length: int, max_len: int) -> int:
@@ -97,24 +100,29 @@ def _check_rows(rows: Sequence[Row], *, model: DecoderConfig, batch_size: int) -
                              f"{min(ids)}..{max(ids)}; was the text encoded with the model's vocabulary?")
 
 
-def score_rows(model: DecoderConfig, params: Any, rows: Sequence[Row], batch_size: int) -> list[LogLikelihood]:
-    """Scores every row in batches of similar length; results in the order of `rows`."""
+def score_rows(model: DecoderConfig, params: Any, rows: Sequence[Row], batch_size: int,
+               placement: Placement | None = None) -> list[LogLikelihood]:
+    """Scores every row in batches of similar length; results in the order of `rows`, on every process.
+
+    `batch_size` rows per model call over the whole mesh (rounded up to its batch shards).
+    """
     _check_rows(rows, model=model, batch_size=batch_size)
+    placement = placement or placement_lib.of_params(params)
     # Longest first: rows of similar length share a batch, and a batch too large fails at once.
     order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]), reverse=True)
-    results: list[LogLikelihood | None] = [None] * len(rows)
-    for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
-        batch = _pack([rows[i] for i in indices], batch_size=batch_size, max_len=model.max_len)
-        sums, greedy = jax.device_get(_score_batch(model, params, *batch))
-        for r, i in enumerate(indices):
-            results[i] = (float(sums[r]), len(rows[i][1]), bool(greedy[r]))
-    return results  # type: ignore[return-value]  (every slot is filled)
+    results = RowResults(placement, total=len(rows), width=2, dtype=np.float32)
+    for batch in placement_lib.batch_schedule(len(order), batch_size, placement):
+        ids = [order[i] if i >= 0 else -1 for i in batch]
+        # A padding row repeats the batch's first row, so it needs no shape of its own.
+        arrays = _pack([rows[i if i >= 0 else ids[0]] for i in ids], batch_size=len(ids), max_len=model.max_len)
+        with placement.context():
+            results.add(ids, _score_batch(model, params, *(placement.put(a) for a in arrays)))
+    return [(float(s), len(row[1]), bool(g)) for (s, g), row in zip(results.gather(), rows)]
 
 
 def continuation_logprobs(*, model: DecoderConfig, params: Any,
                           requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-                          batch_size: int) -> list[LogLikelihood]:
+                          batch_size: int, placement: Placement | None = None) -> list[LogLikelihood]:
     """lm-evaluation-harness's `loglikelihood` for (context_ids, continuation_ids) requests.
 
     For each request, in the input order: the summed log-probability of the continuation
@@ -122,12 +130,6 @@ def continuation_logprobs(*, model: DecoderConfig, params: Any,
     model's argmax. Context tokens beyond max_len are dropped from the left.
     """
     rows = [([BOS_ID, *context], continuation) for context, continuation in requests]
-    return score_rows(model, params, rows, batch_size)
-
-
-# --- Perplexity -------------------------------------------------------------------------------
-
-
-# --- Multiple choice (HellaSwag) --------------------------------------------------------------
+    return score_rows(model, params, rows, batch_size, placement)
 
 

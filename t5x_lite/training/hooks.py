@@ -22,6 +22,7 @@ from t5x_lite.evaluation import eval_loop
 from t5x_lite.inference import sample
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import ModelConfig
+from t5x_lite.parallel.placement import Placement
 from t5x_lite.training import reporting, validation
 from t5x_lite.training.periods import Period
 from t5x_lite.training.trainer import Trainer, TrainState
@@ -124,18 +125,22 @@ class Samples(Hook):
     """Sampled continuations of the prompts, printed at each evaluation (or, without one, at the end)."""
 
     def __init__(self, *, writer: MetricsWriter, model: ModelConfig, vocabulary: Any, prompts: Sequence[str],
-                 max_new_tokens: int, seed: int, at_end_too: bool):
+                 max_new_tokens: int, seed: int, at_end_too: bool, placement: Placement):
         self.writer, self.model, self.vocabulary, self.prompts = writer, model, vocabulary, list(prompts)
         self.max_new_tokens, self.seed, self.at_end_too = max_new_tokens, seed, at_end_too
+        self.placement = placement
 
     def show(self, info: StepInfo) -> None:
         if not self.prompts:  # every process decodes (a collective over the mesh); the writer prints on process 0
             return
+        seed = self.seed + info.step
         texts = sample.sample_texts(model=self.model, params=info.state.params, vocabulary=self.vocabulary,
-                                    prompts=self.prompts, max_new_tokens=self.max_new_tokens,
-                                    seed=self.seed + info.step)
-        self.writer.print(f"step {info.step} samples:"
-                          + "".join(f"\n--- {p!r}\n{p}{t}" for p, t in zip(self.prompts, texts)))
+                                    prompts=self.prompts, max_new_tokens=self.max_new_tokens, seed=seed,
+                                    placement=self.placement)
+        # sample_texts' defaults (temperature 0.8, top_k 40) are `t5x-lite sample`'s too.
+        self.writer.print(f"step {info.step} samples (t5x-lite sample --step={info.step} --seed={seed} "
+                          f"--max_new_tokens={self.max_new_tokens} prints the same):"
+                          + "".join(f"\n--- {p!r}\n{t}" for p, t in zip(self.prompts, texts)))
 
     def at_end(self, info: StepInfo) -> None:
         if self.at_end_too:
@@ -170,7 +175,8 @@ class Evaluation(Hook):
         self.writer.print(f"step {step}: validation loss {self.last['loss']:.4f}, perplexity "
                           f"{self.last['perplexity']:.2f} ({int(self.last['tokens'])} tokens)")
         for mc in self.multiple_choice:
-            scores = eval_loop.score_multiple_choice_set(mc, model=self.model, params=params, encode=self.encode)
+            scores = eval_loop.score_multiple_choice_set(mc, model=self.model, params=params, encode=self.encode,
+                                                         placement=self.samples.placement)
             self.writer.scalars(mc.name, step, scores)
             self.writer.print(f"step {step}: {mc.name} acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
                               f"({int(scores['examples'])} examples)")

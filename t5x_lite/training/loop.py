@@ -24,6 +24,7 @@ from t5x_lite.evaluation import eval_loop
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.parallel import distributed, partitioning
+from t5x_lite.parallel.placement import Placement
 from t5x_lite.training import hooks, profiling, reporting, run_spec, run_values, startup
 from t5x_lite.training import trainer as trainer_lib
 from t5x_lite.training.optim import OptimizerConfig
@@ -173,7 +174,8 @@ def train(
                                                   inputs_length=spec.train_data.inputs_length),
             peak_flops_per_device=peak_flops_per_device, stop_on_nonfinite=on_nonfinite == "stop")
         samples = hooks.Samples(writer=writer, model=model, vocabulary=vocabulary, prompts=prompts,
-                                max_new_tokens=sample_max_new_tokens, seed=seed, at_end_too=eval_data is None)
+                                max_new_tokens=sample_max_new_tokens, seed=seed, at_end_too=eval_data is None,
+                                placement=Placement(mesh=trainer.mesh, rules=trainer.rules))
         evaluation = None if eval_data is None else hooks.Evaluation(
             writer=writer, trainer=trainer, data=spec.eval_data, period=eval_every, train_steps=train_steps,
             max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
