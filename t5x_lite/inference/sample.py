@@ -43,7 +43,8 @@ def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: S
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="t5x-lite sample", description=__doc__.splitlines()[0])
     parser.add_argument("--model_dir", required=True, help="a model directory written by `t5x-lite train`")
-    parser.add_argument("--prompt", default="", help="text to continue")
+    parser.add_argument("--prompt", action="append", help="text to continue; repeat the flag for several prompts, "
+                        "sampled as one batch as during training (default: an empty prompt)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.8, help="0 means greedy")
@@ -56,11 +57,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if restored.config.family != "decoder_only":
             raise ConfigValueError(f"{args.model_dir} holds a {restored.config.family} model; `sample` continues "
                                    "text with decoder-only models (use `t5x-lite infer` for encoder-decoders).")
-        [text] = sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
-                              prompts=[args.prompt], max_new_tokens=args.max_new_tokens, seed=args.seed,
-                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                              placement=restored.placement)
-        print(f"[step {restored.step}]\n{text}")
+        prompts = args.prompt or [""]
+        texts = sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
+                             prompts=prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             placement=restored.placement)
+        if len(prompts) == 1:
+            print(f"[step {restored.step}]\n{texts[0]}")
+        else:
+            print(f"[step {restored.step}]" + "".join(f"\n--- {p!r}\n{t}" for p, t in zip(prompts, texts)))
     return 0
 
 

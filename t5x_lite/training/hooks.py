@@ -8,6 +8,7 @@ matters once: an evaluation comes before the checkpoint of the same step, which 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from typing import Any, Callable, Sequence
 
@@ -138,8 +139,9 @@ class Samples(Hook):
                                     prompts=self.prompts, max_new_tokens=self.max_new_tokens, seed=seed,
                                     placement=self.placement)
         # sample_texts' defaults (temperature 0.8, top_k 40) are `t5x-lite sample`'s too.
-        self.writer.print(f"step {info.step} samples (t5x-lite sample --step={info.step} --seed={seed} "
-                          f"--max_new_tokens={self.max_new_tokens} prints the same):"
+        command = (f"t5x-lite sample --step={info.step} --seed={seed} --max_new_tokens={self.max_new_tokens} "
+                   + " ".join(f"--prompt={shlex.quote(p)}" for p in self.prompts))
+        self.writer.print(f"step {info.step} samples ({command} prints the same):"
                           + "".join(f"\n--- {p!r}\n{t}" for p, t in zip(self.prompts, texts)))
 
     def at_end(self, info: StepInfo) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shlex
 import types
 from pathlib import Path
 
@@ -47,8 +48,9 @@ def test_train_loss_falls_and_sample(trained_run):
     for step in (20, 40):  # at each evaluation: validation loss, multiple choice, samples
         assert f"step {step}: validation loss" in result.stdout
         assert re.search(rf"step {step}: hellaswag acc [01]\.\d+, acc_norm [01]\.\d+ \(6 examples\)", result.stdout)
-        assert f"step {step} samples:\n--- 'def '\ndef " in result.stdout
-        assert "--- 'class '\nclass " in result.stdout
+        assert re.search(rf"step {step} samples \(t5x-lite sample --step={step} --seed=\d+ [^\n]*\):\n--- 'def '\ndef",
+                         result.stdout)
+        assert "--- 'class '\nclass" in result.stdout
     assert list((run / "tb" / "hellaswag").glob("events.out.tfevents.*"))
     # The profile: TensorBoard's layout, the steps 5 to 7 annotated, and the jitted train step in them.
     assert f"profile: trace of steps 5-7 written to {run / 'profile' / 'process_0'}" in result.stdout
@@ -60,7 +62,22 @@ def test_train_loss_falls_and_sample(trained_run):
 
     sampled = run_cli("sample", f"--model_dir={run}", "--prompt=import ", "--max_new_tokens=8")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
-    assert sampled.stdout.startswith("[step 40]\nimport ")
+    assert sampled.stdout.startswith("[step 40]\nimport")
+
+
+def test_training_samples_are_what_the_sample_command_prints(trained_run):
+    """The samples printed at step 40 name the `t5x-lite sample` command that prints them again
+    from the step-40 checkpoint: one code path, one set of settings."""
+    run, stdout = trained_run
+    header, _, rest = stdout.partition("step 40 samples (")
+    command, _, rest = rest.partition(" prints the same):\n")
+    printed = rest.split("\nstep ")[0].rstrip("\n")
+    assert printed.startswith("--- 'def '\n"), printed
+    args = shlex.split(command)
+    assert args[:2] == ["t5x-lite", "sample"], command
+    sampled = run_cli("sample", f"--model_dir={run}", *args[2:])
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert sampled.stdout.strip("\n") == "[step 40]\n" + printed
 
 
 def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_path):
