@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 from pathlib import Path
 
 import jax
@@ -17,35 +16,22 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.checkpoints import restored_model
 from t5x_lite.checkpoints.restored_model import RestoredModel
 from t5x_lite.data import builtin_tasks
 from t5x_lite.evaluation import eval_loop, multiple_choice, seqio_metrics
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.inference import decoding, predict
-from t5x_lite.models import DecoderConfig, T5Config
+from t5x_lite.models import T5Config
 from t5x_lite.models import losses as losses_lib
 from t5x_lite.parallel.placement import FSDP_AXES, Placement
 from tests.cli_helpers import VOCAB
+from tests.evaluation.model_dirs import random_decoder_dir, save_model_dir
 
 # Targets of different lengths: a trained model's predictions stop at EOS after 1 to 4 words.
 PAIRS = [("red apple", "fruit"), ("blue sky", "weather is fine"), ("green tree", "a plant that grows"),
          ("old house", "home"), ("fast car", "it drives"), ("cold ice", "frozen water is cold"),
          ("hot tea", "drink"), ("tall man", "a person")]
-
-
-def _save(path: Path, cfg, params, data_dir: Path, step: int) -> Path:
-    """MODEL_DIR with one checkpoint of `params` at `step` and the data's vocabulary."""
-    checkpoints = checkpoint.Checkpointer(str(path), async_save=False)
-    metadata = {"family": cfg.family, "model": json.loads(json.dumps(cfg.to_dict())), "task": "t",
-                "vocab_size": VOCAB, "sequence_length": 64, "mesh_axes": [], "num_params": cfg.num_params()}
-    state = {"step": jnp.int32(step), "params": params, "opt_state": {}, "dropout_rng": jax.random.PRNGKey(0)}
-    checkpoints.save(step, state=state, iterator_state={}, metadata=metadata)
-    checkpoints.wait()
-    checkpoints.close()
-    (path / "vocab").mkdir()
-    shutil.copy(data_dir / "spm.model", path / "vocab" / "spm.model")
-    return path
 
 
 def _encode(vocabulary, text: str) -> list[int]:
@@ -90,7 +76,7 @@ def trained_t5(tmp_path_factory, data_dir):
     cfg = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
                    num_decoder_layers=2)
     params = _train_t5(cfg, [(_encode(vocabulary, a), _encode(vocabulary, b)) for a, b in PAIRS], steps=300)
-    return _save(tmp_path_factory.mktemp("t5") / "run", cfg, params, data_dir, step=300), cfg
+    return save_model_dir(tmp_path_factory.mktemp("t5") / "run", cfg, params, data_dir, step=300), cfg
 
 
 def _write_pairs(path: Path) -> Path:
@@ -194,10 +180,7 @@ def _assert_no_device_holds_a_whole_kernel(params) -> None:
 
 @pytest.fixture(scope="module")
 def decoder_dir(tmp_path_factory, data_dir):
-    cfg = DecoderConfig(vocab_size=VOCAB, emb_dim=32, num_heads=2, num_kv_heads=1, head_dim=16, mlp_dim=64,
-                        num_layers=2, max_len=64)
-    params = cfg.make_module().init(jax.random.PRNGKey(3), jnp.zeros((1, 8), jnp.int32))["params"]
-    return _save(tmp_path_factory.mktemp("decoder") / "run", cfg, params, data_dir, step=5)
+    return random_decoder_dir(tmp_path_factory.mktemp("decoder") / "run", data_dir)
 
 
 def test_fsdp_decoder_scores_and_decodes_as_on_one_device(decoder_dir):
