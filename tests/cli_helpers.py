@@ -51,6 +51,32 @@ def start_cli(*args: str, devices: int = 1) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def run_processes(command: list[str], logs: Path, *, count: int = 2, devices: int = 1, port: int,
+                  timeout: int = 300) -> list[tuple[int, str, str]]:
+    """`python COMMAND` as processes 0..count-1 of one JAX run (coordinator on 127.0.0.1:port,
+    `devices` host devices each); returns each one's (exit code, stdout, stderr). Output goes to
+    files under `logs`: a full pipe cannot stall a collective."""
+    env = {**cli_env(devices), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    files = [(logs / f"process{i}.out", logs / f"process{i}.err") for i in range(count)]
+    procs = []
+    try:
+        for i, (out, err) in enumerate(files):
+            with out.open("w") as stdout, err.open("w") as stderr:
+                procs.append(subprocess.Popen(
+                    [sys.executable, *command, f"--coordinator_address=127.0.0.1:{port}",
+                     f"--num_processes={count}", f"--process_id={i}", "--distributed_timeout=60"],
+                    cwd=ROOT, env=env, stdout=stdout, stderr=stderr))
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [(p.returncode, out.read_text(), err.read_text()) for p, (out, err) in zip(procs, files)]
+
+
 def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1,
           extra_env: dict[str, str | None] | None = None) -> subprocess.CompletedProcess:
     """The quickstart run with a tiny model on `data_dir`, plus `extra` flags."""

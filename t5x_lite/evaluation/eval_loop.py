@@ -165,6 +165,8 @@ def evaluate(
                              wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
             restored = restored_model.restore(model_dir, step=chosen, expected=model, mesh_axes=mesh_axes,
                                               rules=logical_axis_rules)
+            if not evaluated:
+                _say(f"evaluating on {restored.placement.describe()}")
             results = evaluators.run(restored)
             _report_share(restored)
             if chief:

@@ -154,6 +154,9 @@ def infer(
         step = manifest["step"]
     restored = restored_model.restore(model_dir, step=step, expected=model, mesh_axes=mesh_axes,
                                       rules=logical_axis_rules, local=True)
+    if jax.process_index() == 0:
+        each = " in each process" if jax.process_count() > 1 else ""
+        print(f"decoding on {restored.placement.describe()}{each}", flush=True)
     if prompts_file is not None:
         vocabulary = restored.vocabulary()
         prompts = read_jsonl_prompts(prompts_file, prompt_field=prompt_field, encode=vocabulary.encode)

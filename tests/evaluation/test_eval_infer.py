@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite.checkpoints import checkpoint, restored_model
+from t5x_lite.checkpoints import restored_model
 from t5x_lite.checkpoints.checkpoint import CheckpointMismatchError
 from t5x_lite.checkpoints.lookup import CheckpointNotFoundError
 from t5x_lite.data import builtin_tasks
@@ -24,6 +23,7 @@ from t5x_lite.inference import decoding, infer_loop, predict
 from t5x_lite.inference.infer_loop import chunk_ranges, shard_chunks
 from t5x_lite.models import DecoderConfig, T5Config
 from tests.cli_helpers import VOCAB, run_cli, start_cli
+from tests.evaluation.model_dirs import save_model_dir
 
 STEPS = (2, 4)
 
@@ -36,21 +36,10 @@ def _model_config():
 
 def _save_model_dir(path: Path, cfg, data_dir: Path, steps=STEPS) -> Path:
     """MODEL_DIR with a checkpoint of random params at each step and the data's vocabulary."""
-
-    checkpoints = checkpoint.Checkpointer(str(path), async_save=False)
-    metadata = {"family": cfg.family, "model": json.loads(json.dumps(cfg.to_dict())), "task": "t",
-                "vocab_size": VOCAB, "sequence_length": 64, "mesh_axes": [], "num_params": cfg.num_params()}
     tokens = jnp.zeros((1, 8), jnp.int32)
-    for step in steps:
-        args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
-        params = cfg.make_module().init(jax.random.PRNGKey(step), *args)["params"]
-        state = {"step": jnp.int32(step), "params": params, "opt_state": {}, "dropout_rng": jax.random.PRNGKey(0)}
-        checkpoints.save(step, state=state, iterator_state={}, metadata=metadata)
-    checkpoints.wait()
-    checkpoints.close()
-    (path / "vocab").mkdir()
-    shutil.copy(data_dir / "spm.model", path / "vocab" / "spm.model")
-    return path
+    args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
+    return save_model_dir(path, cfg, {step: cfg.make_module().init(jax.random.PRNGKey(step), *args)["params"]
+                                      for step in steps}, data_dir)
 
 
 @pytest.fixture(scope="module")

@@ -76,7 +76,7 @@ def trained_t5(tmp_path_factory, data_dir):
     cfg = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
                    num_decoder_layers=2)
     params = _train_t5(cfg, [(_encode(vocabulary, a), _encode(vocabulary, b)) for a, b in PAIRS], steps=300)
-    return save_model_dir(tmp_path_factory.mktemp("t5") / "run", cfg, params, data_dir, step=300), cfg
+    return save_model_dir(tmp_path_factory.mktemp("t5") / "run", cfg, {300: params}, data_dir), cfg
 
 
 def _write_pairs(path: Path) -> Path:

@@ -9,45 +9,25 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import ROOT, cli_env, run_cli
+from tests.cli_helpers import run_cli, run_processes
 from tests.evaluation.model_dirs import random_decoder_dir
 from tests.parallel.test_distributed import free_port
 
 PROCESS_LINE = re.compile(r"process (\d): (?:step \d+: )?computed (\d+) rows in (\d+) batches on (.+)")
 
 
-def _two_processes(tmp_path: Path, name: str, *args: str, devices: int = 2) -> list[str]:
-    """Runs `t5x-lite ARGS` as processes 0 and 1 of one run; returns each one's stdout."""
-    port = free_port()
-    env = cli_env(devices)
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    logs = [(tmp_path / f"{name}{i}.out", tmp_path / f"{name}{i}.err") for i in range(2)]
-    procs = []
-    try:
-        for i, (out, err) in enumerate(logs):  # output to files: a full pipe cannot stall a collective
-            with out.open("w") as stdout, err.open("w") as stderr:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "t5x_lite.cli", *args, f"--coordinator_address=127.0.0.1:{port}",
-                     "--num_processes=2", f"--process_id={i}", "--distributed_timeout=60"],
-                    cwd=ROOT, env=env, stdout=stdout, stderr=stderr))
-        for p in procs:
-            p.wait(timeout=300)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    outputs = []
-    for i, (p, (out, err)) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, (i, out.read_text(), err.read_text()[-3000:])
-        outputs.append(out.read_text())
-    return outputs
+def _two_processes(tmp_path: Path, name: str, *args: str) -> list[str]:
+    """Runs `t5x-lite ARGS` as processes 0 and 1 of one run, 2 host devices each; returns their stdout."""
+    logs = tmp_path / name
+    logs.mkdir()
+    results = run_processes(["-m", "t5x_lite.cli", *args], logs, devices=2, port=free_port())
+    for i, (code, stdout, stderr) in enumerate(results):
+        assert code == 0, (i, stdout, stderr[-3000:])
+    return [stdout for _, stdout, _ in results]
 
 
 def _shares(outputs: list[str]) -> list[tuple[int, int]]:

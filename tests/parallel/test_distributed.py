@@ -9,10 +9,7 @@ SLURM_NTASKS, SLURM_PROCID=0 and SLURM_LOCALID=0 but no step variables.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -26,7 +23,7 @@ from t5x_lite.parallel.distributed import (
     ProcessGroup,
 )
 from tests.cli.test_bad_input import assert_bad_input
-from tests.cli_helpers import ROOT, run_cli, train
+from tests.cli_helpers import run_cli, run_processes, train
 
 
 def free_port() -> int:
@@ -287,29 +284,9 @@ JOIN = textwrap.dedent("""
 
 
 def test_two_processes_join_and_all_gather(tmp_path):
-    port = free_port()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-           "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("JAX_COMPILATION_CACHE_DIR", None)
-    logs = [(tmp_path / f"out{i}", tmp_path / f"err{i}") for i in range(2)]
-    procs = []
-    try:
-        for i, (out, err) in enumerate(logs):  # output to files: a full pipe cannot stall a collective
-            with out.open("w") as stdout, err.open("w") as stderr:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-c", JOIN, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                     f"--process_id={i}", "--distributed_timeout=60"],
-                    cwd=ROOT, env=env, stdout=stdout, stderr=stderr))
-        for p in procs:
-            p.wait(timeout=90)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for i, (p, (out, err)) in enumerate(zip(procs, logs)):
-        stdout, stderr = out.read_text(), err.read_text()
-        assert p.returncode == 0, (i, stdout, stderr[-3000:])
+    results = run_processes(["-c", JOIN], tmp_path, port=free_port(), timeout=90)
+    for i, (code, stdout, stderr) in enumerate(results):
+        assert code == 0, (i, stdout, stderr[-3000:])
         lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
         assert len(lines) == 1, (i, stdout, stderr[-3000:])
         assert json.loads(lines[0].removeprefix("RESULT ")) == {
