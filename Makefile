@@ -52,7 +52,14 @@ quickstart: install data
 
 # The generated configuration reference must match the code (and document every parameter).
 # lint-imports checks the one-way imports (pyproject.toml's import-linter contracts) first.
-test: install install-torch
+.PHONY: install-tracking
+install-tracking: $(VENV)/.installed-tracking
+
+$(VENV)/.installed-tracking: requirements/tracking.txt $(VENV)/.installed-torch
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/tracking.txt
+	touch $@
+
+test: install install-torch install-tracking
 	$(BIN)/lint-imports
 	$(BIN)/t5x-lite config reference --out=docs/config_reference.md --check
 	$(BIN)/python -m pytest -q -n 2 tests
