@@ -22,8 +22,17 @@ import time
 import numpy as np
 
 from bench import common
-from bench.decoding import (add_device_arguments, decoder_config, devices_notes, init_params, mesh_label,
-                            placements, settings, setup, time_calls)
+from bench.decoding import (
+    add_device_arguments,
+    decoder_config,
+    devices_notes,
+    init_params,
+    mesh_label,
+    placements,
+    settings,
+    setup,
+    time_calls,
+)
 
 DEFAULTS = {"models": "tiny,base", "documents": 16, "doc_len": 2048, "batch_size": 8, "mc_examples": 64,
             "mc_context": 48, "mc_ending": 12, "repeats": 2, "dtype": "float32", "devices": "1,8", "mesh": "fsdp"}

@@ -5,6 +5,7 @@
     t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
     t5x-lite eval --gin_file=runs/eval.gin ...   perplexity, multiple choice, seqio metrics of checkpoints
     t5x-lite infer --gin_file=runs/infer.gin ... prompts -> jsonl of outputs (resumable, sharded)
+    t5x-lite lm-eval --model_args model_dir=DIR --tasks T ...   lm-evaluation-harness tasks on a checkpoint
     t5x-lite sample --model_dir=DIR --prompt=T   generate from a checkpoint
     t5x-lite checkpoint info|verify|unlock PATH  what a step holds; each step's state; a dead run's lease
     t5x-lite config show|explain|diff|reference  the resolved config, where each value came from, diffs
@@ -25,6 +26,7 @@ COMMANDS = {
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),
     "infer": ("t5x_lite.infer", "generate outputs for a jsonl of prompts or a task (resumable, sharded)"),
+    "lm-eval": ("t5x_lite.evaluation.lm_eval_command", "lm-evaluation-harness on a checkpoint (--model t5x_lite)"),
     "sample": ("t5x_lite.inference.sample", "generate text from a checkpoint"),
     "checkpoint": ("t5x_lite.checkpoints.command", "`checkpoint info|verify|unlock`: a step's contents, every step's state"),
     "config": ("t5x_lite.config.command", "show / explain / diff resolved gin configs; write the reference"),

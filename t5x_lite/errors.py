@@ -26,6 +26,11 @@ class RunConfigError(ConfigValueError):
     """The configuration of a run cannot work; the message names the fix. Raised before any compute."""
 
 
+class MissingExtraError(ConfigValueError):
+    """The run asks for something whose optional package is not installed; the message names
+    the package and how to install it (e.g. `make install-tracking`)."""
+
+
 class TaskDataError(UserError, ValueError):
     """A task's data is missing, empty or malformed (raised by the task modules in tasks/)."""
 

@@ -26,6 +26,7 @@ SECTIONS = {
     "Optimization": ("OptimizerConfig", "LossConfig"),
     "Checkpoints": ("RetentionPolicy", "InitFrom"),
     "Evaluation and decoding": ("PerplexityEval", "MultipleChoiceEval", "SeqioEval", "DecodingConfig"),
+    "Metric writers": ("TensorBoardWriter", "WandbWriter", "MlflowWriter"),
 }
 HEADINGS = ("Args:", "Attributes:")
 MAX_DEFAULT_CHARS = 60
@@ -125,8 +126,11 @@ def render() -> str:
         for name in names:
             target = found[name]
             docs = parameter_docs(target.__doc__)
-            out += [f"### `{name}`", "", f"`{target.__module__}.{target.__qualname__}`: {summary(target)}", "",
-                    "| parameter | default | description |", "| --- | --- | --- |"]
+            out += [f"### `{name}`", "", f"`{target.__module__}.{target.__qualname__}`: {summary(target)}", ""]
+            if not parameters(target):
+                out += ["No parameters.", ""]
+                continue
+            out += ["| parameter | default | description |", "| --- | --- | --- |"]
             for param, default in parameters(target).items():
                 out.append(f"| `{param}` | {_cell(_format_default(default))} | {_cell(docs.get(param, ''))} |")
             out.append("")

@@ -1,7 +1,7 @@
 """The registry of configurables: every function and class a gin file may bind, by name.
 
 This is the one place where config/ reaches down into every job (training, evaluation,
-inference, data, checkpoints, models): the registry sits above them all in the import layers.
+inference, data, checkpoints, metrics, models): the registry sits above them all in the import layers.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ def register_configurables() -> None:
     from t5x_lite.data import task_access, task_factories
     from t5x_lite.evaluation import eval_loop
     from t5x_lite.inference import infer_loop, predict
+    from t5x_lite.metrics import mlflow_writer, tracking, wandb_writer
     from t5x_lite.models import decoder_only, encoder_decoder
     from t5x_lite.training import loop as training_loop
     from t5x_lite.training import optim, trainer
@@ -43,6 +44,9 @@ def register_configurables() -> None:
     gin.external_configurable(eval_loop.SeqioEval, "SeqioEval")
     gin.external_configurable(predict.DecodingConfig, "DecodingConfig")
     gin.external_configurable(infer_loop.infer, "infer")
+    gin.external_configurable(tracking.TensorBoardWriter, "TensorBoardWriter")
+    gin.external_configurable(wandb_writer.WandbWriter, "WandbWriter")
+    gin.external_configurable(mlflow_writer.MlflowWriter, "MlflowWriter")
 
 
 def is_own(fn_or_cls) -> bool:

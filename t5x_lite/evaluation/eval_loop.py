@@ -1,9 +1,10 @@
 """The eval loop: evaluate one checkpoint, the latest, or every checkpoint of a model directory.
 
 Each evaluated step writes OUTPUT_DIR/step_<N>.json (all results of that step, written
-whole: a killed evaluation leaves no partial file) and TensorBoard scalars under
-OUTPUT_DIR/tb/; a step whose JSON exists is skipped, so an evaluation that is run again, or
-that follows a training run (`wait_seconds`), evaluates only what is new.
+whole: a killed evaluation leaves no partial file) and its scalars to `metric_writers`
+(TensorBoard under OUTPUT_DIR/tb/ by default; W&B and MLflow: runs of their own, their ids kept
+in OUTPUT_DIR/tracking/); a step whose JSON exists is skipped, so an evaluation that is run
+again, or that follows a training run (`wait_seconds`), evaluates only what is new.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+import gin
 import jax
 
 from t5x_lite import storage
@@ -23,7 +25,8 @@ from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.evaluation import seqio_metrics
 from t5x_lite.inference import predict
-from t5x_lite.metrics.writer import MetricsWriter
+from t5x_lite.metrics import tracking
+from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
 from t5x_lite.models import ModelConfig
 from t5x_lite.parallel import distributed
 from t5x_lite.parallel.placement import Placement
@@ -124,6 +127,7 @@ def evaluate(
     seqio_evals: Sequence[SeqioEval] = (),
     mesh_axes: Sequence[tuple[str, int]] | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,
+    metric_writers: Sequence[tracking.MetricWriter] = DEFAULT_WRITERS,
 ) -> dict[int, dict[str, Any]]:
     """Evaluates checkpoints of `model_dir`; returns {step: results} of the steps evaluated now.
 
@@ -145,10 +149,14 @@ def evaluate(
       mesh_axes: the mesh the params are sharded over, as in training (a gin/mesh file's
         MESH_AXES); None: data parallel over every device when the model fits on one, else FSDP.
       logical_axis_rules: the rule table (LOGICAL_AXIS_RULES); None: partitioning.DEFAULT_RULES.
+      metric_writers: where the scalars go: [@TensorBoardWriter()] (OUTPUT_DIR/tb/), @WandbWriter(),
+        @MlflowWriter() (an evaluation run of their own, docs/metrics.md); none when OUTPUT_DIR is
+        gs:// or s3:// (its step_<N>.json files are still written).
     """
     if perplexity is None and not multiple_choice and not seqio_evals:
         raise ConfigValueError("Nothing to evaluate: set evaluate.perplexity, evaluate.multiple_choice or "
                                "evaluate.seqio_evals (see gin/runs/eval.gin).")
+    tracking.check_writers(metric_writers, name="evaluate.metric_writers")
     if task_module:
         task_modules.import_task_module(task_module)
     output_dir = output_dir or storage.join(storage.absolute(model_dir), "eval")
@@ -158,8 +166,10 @@ def evaluate(
     # Every process scores its share of each batch on the mesh; process 0 writes the results.
     chief = distributed.is_chief()
     writer = MetricsWriter(output_dir, total_steps=None, initial_step=0, progress_bar=False,
-                                   enabled=chief and not storage.is_url(output_dir))
+                           enabled=chief and not storage.is_url(output_dir), writers=metric_writers,
+                           config_text=gin.operative_config_str())
     evaluated: dict[int, dict[str, Any]] = {}
+    status = "FINISHED"
     try:
         for chosen in _watch(model_dir, output_dir, step=step, every_checkpoint=every_checkpoint,
                              wait_seconds=wait_seconds, poll_seconds=poll_seconds, final_step=final_step):
@@ -177,9 +187,12 @@ def evaluate(
         if not evaluated:
             _say(f"nothing to evaluate: every checkpoint asked for already has its results in {output_dir} "
                  "(name one with evaluate.step to evaluate it again)")
+    except BaseException as e:
+        status = tracking.exit_status(e)  # the tracked runs end FAILED, or KILLED (Ctrl-C, a signal)
+        raise
     finally:
         evaluators.close()
-        writer.close()
+        writer.close(status)
     return evaluated
 
 

@@ -53,6 +53,14 @@ def _window_row(tokens: Sequence[int], window: Window) -> scoring.Row:
     return context, tokens[window.score_from:window.end]
 
 
+def document_rows(document: Sequence[int], *, context_length: int, stride: int) -> list[scoring.Row]:
+    """The scoring rows of one document's strided windows: their log-probabilities sum to the
+    document's log-likelihood (lm_eval_model.py's `loglikelihood_rolling` scores them so)."""
+    tokens = list(document)
+    return [_window_row(tokens, window)
+            for window in strided_windows(len(tokens), context_length=context_length, stride=stride)]
+
+
 def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequence[int]], context_length: int,
                stride: int, batch_size: int, placement: Placement | None = None) -> dict[str, float]:
     """Strided perplexity of whole documents, each scored from its start (BOS).
@@ -64,9 +72,7 @@ def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequenc
         raise ValueError(f"context_length={context_length} exceeds the model's max_len={model.max_len}.")
     rows = []
     for document in documents:
-        tokens = list(document)
-        windows = strided_windows(len(tokens), context_length=context_length, stride=stride)
-        rows.extend(_window_row(tokens, window) for window in windows)
+        rows.extend(document_rows(document, context_length=context_length, stride=stride))
     if not rows:
         raise EmptyEvalSetError("The eval set is empty: the documents hold no tokens to score.")
     results = scoring.score_rows(model, params, rows, batch_size, placement)

@@ -28,5 +28,6 @@ Public names: `loop.train`; `optim.OptimizerConfig`; `trainer.LossConfig`, `trai
 
 May import (pyproject.toml's layers contract): evaluation, inference, checkpoints, data,
 parallel, metrics, models, storage, errors, tf_setup. Not config: gin binds `train`'s keyword
-arguments from above; the loop reads only gin's operative config text to save it.
+arguments from above; the loop reads only gin's operative config text, to save it and to give
+it to the metric writers.
 """

@@ -21,7 +21,8 @@ from t5x_lite.checkpoints.retention import RetentionPolicy
 from t5x_lite.data import input_pipeline, task_access, task_modules
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.evaluation import eval_loop
-from t5x_lite.metrics.writer import MetricsWriter
+from t5x_lite.metrics import tracking
+from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.parallel import distributed, partitioning
 from t5x_lite.parallel.placement import Placement
@@ -65,6 +66,7 @@ def train(
     progress_bar: bool | None = None,
     task_module: str | None = None,
     profile_steps: Sequence[int] | None = None,
+    metric_writers: Sequence[tracking.MetricWriter] = DEFAULT_WRITERS,
 ) -> dict[str, float]:
     """Trains a model (decoder-only or encoder-decoder) and returns the last train and eval metrics.
 
@@ -105,6 +107,8 @@ def train(
       task_module: a module to import first that registers the user's own seqio tasks.
       profile_steps: (start, stop): write a jax.profiler trace of the steps from `start` up to
         `stop` to MODEL_DIR/profile/process_<i>/ for TensorBoard (None: no trace; docs/profiling.md).
+      metric_writers: where the scalars go: [@TensorBoardWriter()] (MODEL_DIR/tb/), @WandbWriter(),
+        @MlflowWriter(), several at once (docs/metrics.md); only process 0 writes.
     """
     spec = RunSpec(model=model, train_data=train_data, eval_data=eval_data, optimizer=optimizer, loss=loss,
                    mesh_axes=mesh_axes, logical_axis_rules=logical_axis_rules, train_steps=train_steps,
@@ -115,7 +119,9 @@ def train(
                             eval_batches=eval_batches, log_period=log_period, seed=seed,
                             init_loss_tolerance=init_loss_tolerance, sample_prompt=sample_prompt,
                             sample_max_new_tokens=sample_max_new_tokens, async_checkpoints=async_checkpoints,
-                            progress_bar=progress_bar, task_module=task_module)
+                            progress_bar=progress_bar, task_module=task_module, metric_writers=metric_writers)
+    # A writer whose package is missing (or an MLflow run without a server) stops here, before anything is written.
+    tracking.check_writers(metric_writers, name="train.metric_writers")
     if on_nonfinite not in ON_NONFINITE:
         raise ConfigValueError(f"train.on_nonfinite={on_nonfinite!r}: use one of {ON_NONFINITE}.")
     profiling.check_profile_steps(profile_steps)
@@ -153,11 +159,13 @@ def train(
                                                               num_processes=jax.process_count()))
         checkpointer = checkpoint_lib.Checkpointer(model_dir, retention=retention, async_save=async_checkpoints)
         cleanup.callback(checkpointer.close)
-        writer = MetricsWriter(checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0,
-                               enabled=distributed.is_chief(), progress_bar=progress_bar)
-        cleanup.callback(writer.close)
-        startup.describe_run(writer, spec, mesh, data)
         config_text = gin.operative_config_str()
+        # Closed with the run's status: FINISHED, FAILED, or KILLED (preempted, a signal, Ctrl-C).
+        writer = cleanup.enter_context(MetricsWriter(
+            checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0, enabled=distributed.is_chief(),
+            progress_bar=progress_bar, writers=metric_writers, model_dir=model_dir, config_text=config_text,
+            stopped_by=(Preempted,)))
+        startup.describe_run(writer, spec, mesh, data)
         start = startup.restore_or_initialise(spec=spec, trainer=trainer, checkpointer=checkpointer,
                                               iterator=data.iterator, metadata=metadata, config_text=config_text,
                                               init_from=init_from, seed=seed, writer=writer,

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError, RunConfigError
+from t5x_lite.metrics import tracking
 from t5x_lite.parallel import partitioning
 from t5x_lite.training.periods import parse_period
 
@@ -168,6 +169,12 @@ def _sample_prompt(problems: Problems, value: Any) -> None:
         problems.add("train.sample_prompt", value, "must be a string in quotes, a list of them, or None")
 
 
+def _metric_writers(problems: Problems, value: Any) -> None:
+    problem = tracking.bad_writers(value)
+    if problem:
+        problems.add("train.metric_writers", value, problem)
+
+
 # train's own arguments (beyond the RunSpec), each with its check.
 SETTINGS: dict[str, Callable[[Problems, Any], None]] = {
     "eval_period": lambda p, v: p.check(lambda: parse_period(v, name="train.eval_period")),
@@ -181,6 +188,7 @@ SETTINGS: dict[str, Callable[[Problems, Any], None]] = {
     "async_checkpoints": lambda p, v: p.boolean("train.async_checkpoints", v),
     "progress_bar": lambda p, v: p.boolean("train.progress_bar", v, optional=True),
     "task_module": lambda p, v: p.text("MIXTURE_OR_TASK_MODULE", v, optional=True),
+    "metric_writers": _metric_writers,
 }
 
 

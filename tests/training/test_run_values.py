@@ -110,6 +110,7 @@ def test_each_bad_value_is_named(overrides, message):
     (dict(async_checkpoints="no"), "train.async_checkpoints='no' must be True or False"),
     (dict(progress_bar=1), "train.progress_bar=1 must be True or False or None"),
     (dict(task_module=""), "MIXTURE_OR_TASK_MODULE='' must be a non-empty string"),
+    (dict(metric_writers="tb"), "train.metric_writers='tb' must be a list of metric writers"),
 ])
 def test_each_bad_setting_of_train_is_named(settings, message):
     assert message in refused(spec(), **settings)
