@@ -179,7 +179,12 @@ class Embed(nn.Module):
         )
 
     def __call__(self, ids: Array) -> Array:
-        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+        # The table is gathered along `embed` first (as FSDP gathers every kernel before its
+        # matmul), so the looked-up rows come out split by batch like the ids. Gathering from a
+        # table split along `embed` gives rows split along `embed`, which XLA can turn into
+        # batch-split rows only by a full rematerialization when both splits use the fsdp axis.
+        table = with_logical_constraint(self.embedding, (self.axes[0], None))
+        return jnp.take(table, ids, axis=0).astype(self.dtype)
 
     def attend(self, x: Array) -> Array:
         """x [..., embed] -> [..., vocab] scores against every row of the table."""
