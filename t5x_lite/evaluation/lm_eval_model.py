@@ -264,8 +264,7 @@ class T5xLiteLM(LM):
         max_len (at least its last token stays); an encoder-decoder's inputs gain EOS."""
         if not self.decoder_only:
             return [*prompt, self.eos_id]
-        room = max(1, self.config.max_len - 1 - max_gen_toks)
-        return prompt[-room:]
+        return predict.fit_prompt(self.config, prompt, max_gen_toks)
 
     def generate_until(self, requests: list) -> list[str]:
         """Greedy (or sampled, with do_sample) continuations, each cut before its first until-string."""

@@ -86,29 +86,40 @@ class SeqioEvaluation:
         # process calls the same ones (each is a collective over the mesh).
         metrics_future, _ = self.evaluator.evaluate(
             compute_metrics=self.chief, step=restored.step,
-            predict_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary)[0],
+            predict_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary),
             score_fn=lambda ds: self._score(restored, _numpy(ds)),
-            predict_with_aux_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary))
+            predict_with_aux_fn=lambda ds: self._predict_with_aux(restored, _numpy(ds), vocabulary=vocabulary))
         return _plain(metrics_future.result() or {})
 
-    def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
-        """([(index, prediction)], {"scores": [...]}): each prediction's token ids padded to one length,
-        and the model's log-likelihood of each prediction given its inputs."""
-        prompts = [_fit_prompt(restored, example["inputs"].tolist(), self.decoding_config) for _, example in examples]
+    def _generate(self, restored: RestoredModel, examples: list[tuple[int, dict]], *,
+                  vocabulary: Any) -> tuple[list[list[int]], list[list[int]]]:
+        """(prompts as the model reads them, generated token ids) of the examples."""
+        prompts = [predict.fit_prompt(restored.config, example["inputs"].tolist(),
+                                      self.decoding_config.max_decode_length) for _, example in examples]
         outputs = predict.predict(model=restored.config, params=restored.params, prompts=prompts,
                                   decoding_config=self.decoding_config, eos_id=vocabulary.eos_id,
                                   batch_size=self.batch_size, placement=restored.placement)
+        return prompts, outputs
+
+    def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
+        """[(index, prediction)]: each prediction's token ids, padded to one length."""
+        _, outputs = self._generate(restored, examples, vocabulary=vocabulary)
+        return _indexed(examples, pad_predictions(outputs, eos_id=vocabulary.eos_id))
+
+    def _predict_with_aux(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
+        """`_predict`'s pairs and {"scores": [...]}: the model's log-likelihood of each prediction
+        given its inputs."""
+        prompts, outputs = self._generate(restored, examples, vocabulary=vocabulary)
         scores = predict.score(model=restored.config, params=restored.params, batch_size=self.batch_size,
                                pairs=[(p, t or [vocabulary.eos_id]) for p, t in zip(prompts, outputs)],
                                placement=restored.placement)
-        padded = pad_predictions(outputs, eos_id=vocabulary.eos_id)
-        return [(index, tokens) for (index, _), tokens in zip(examples, padded)], {"scores": scores}
+        return _indexed(examples, pad_predictions(outputs, eos_id=vocabulary.eos_id)), {"scores": scores}
 
     def _score(self, restored: RestoredModel, examples: list[tuple[int, dict]]):
         pairs = [(example["inputs"].tolist(), example["targets"].tolist()) for _, example in examples]
         scores = predict.score(model=restored.config, params=restored.params, pairs=pairs, batch_size=self.batch_size,
                                placement=restored.placement)
-        return [(index, value) for (index, _), value in zip(examples, scores)]
+        return _indexed(examples, scores)
 
     def close(self) -> None:
         self.evaluator.close()
@@ -130,12 +141,9 @@ def _numpy(dataset) -> list[tuple[int, dict]]:
     return list(dataset.as_numpy_iterator())
 
 
-def _fit_prompt(restored: RestoredModel, prompt: list[int], decoding_config: predict.DecodingConfig) -> list[int]:
-    """A decoder-only prompt keeps its last tokens so that it and the output fit max_len."""
-    if restored.config.family != "decoder_only":
-        return prompt
-    room = max(1, restored.config.max_len - 1 - decoding_config.max_decode_length)
-    return prompt[-room:]
+def _indexed(examples: list[tuple[int, dict]], outputs: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(seqio's example index, output) pairs: how seqio's Evaluator matches outputs to examples."""
+    return [(index, output) for (index, _), output in zip(examples, outputs)]
 
 
 def _plain(all_metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:

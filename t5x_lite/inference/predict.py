@@ -72,6 +72,15 @@ def check_prompt_lengths(model: ModelConfig, prompts: Sequence[Sequence[int]], *
                 "shorten or drop that prompt.")
 
 
+def fit_prompt(model: ModelConfig, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
+    """A decoder-only prompt keeps its last tokens so that BOS, it and `max_new_tokens` new tokens
+    fit max_len (at least its last token stays); an encoder-decoder's inputs are kept whole."""
+    if model.family != "decoder_only":
+        return list(prompt)
+    room = max(1, model.max_len - 1 - max_new_tokens)
+    return list(prompt[-room:])
+
+
 def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], decoding_config: DecodingConfig,
             eos_id: int, batch_size: int | None = None, first_batch: int = 0,
             placement: Placement | None = None) -> list[list[int]]:

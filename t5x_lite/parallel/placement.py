@@ -62,8 +62,10 @@ def model_inputs(config: Any, rows: int = 1, length: int = 8) -> dict[str, jax.S
     return inputs
 
 
+@functools.lru_cache(maxsize=8)
 def params_abstract(config: Any) -> tuple[Any, Any]:
-    """(params shapes, their logical PartitionSpecs) of a model config, without allocating params."""
+    """(params shapes, their logical PartitionSpecs) of a model config, without allocating params
+    (traced once per config: restoring and choosing the mesh both need them)."""
     module = config.make_module()
     variables = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), **{
         k: np.zeros(v.shape, v.dtype) for k, v in model_inputs(config).items()}))
@@ -155,16 +157,15 @@ class Placement:
         start, stop = self.process_rows(array.shape[0])
         out = None
         for shard in array.addressable_shards:
-            lo, hi, _ = shard.index[0].indices(array.shape[0]) if shard.index else (0, array.shape[0], 1)
+            first, last, _ = shard.index[0].indices(array.shape[0]) if shard.index else (0, array.shape[0], 1)
             if any(i.indices(n)[:2] != (0, n) for i, n in zip(shard.index[1:], array.shape[1:])):
                 raise ValueError(f"An output sharded over more than its rows ({array.sharding}); constrain it to "
                                  "the batch axes.")
-            lo, hi = max(lo, start), min(hi, stop)
+            lo, hi = max(first, start), min(last, stop)
             if lo < hi:
                 data = np.asarray(shard.data)
                 if out is None:
                     out = np.empty((stop - start, *array.shape[1:]), data.dtype)
-                first = shard.index[0].indices(array.shape[0])[0] if shard.index else 0
                 out[lo - start:hi - start] = data[lo - first:hi - first]
         assert out is not None, "this process holds none of the batch's rows"
         return out

@@ -181,13 +181,14 @@ def train(
             flops_per_token=train_flops_per_token(model, targets_length=spec.train_data.sequence_length,
                                                   inputs_length=spec.train_data.inputs_length),
             peak_flops_per_device=peak_flops_per_device, stop_on_nonfinite=on_nonfinite == "stop")
+        placement = Placement(mesh=trainer.mesh, rules=trainer.rules)  # samples and multiple choice run there
         samples = hooks.Samples(writer=writer, model=model, vocabulary=vocabulary, prompts=prompts,
                                 max_new_tokens=sample_max_new_tokens, seed=seed, at_end_too=eval_data is None,
-                                placement=Placement(mesh=trainer.mesh, rules=trainer.rules))
+                                placement=placement)
         evaluation = None if eval_data is None else hooks.Evaluation(
             writer=writer, trainer=trainer, data=spec.eval_data, period=eval_every, train_steps=train_steps,
             max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
-            encode=lambda text: list(vocabulary.encode(text)), samples=samples)
+            encode=lambda text: list(vocabulary.encode(text)), samples=samples, placement=placement)
         checkpoints = hooks.Checkpoints(
             writer=writer, checkpointer=checkpointer, period=checkpoint_every,
             dropout_rng=start.dropout_rng, iterator=data.iterator, metadata=metadata, config_text=config_text,
