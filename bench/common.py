@@ -180,9 +180,9 @@ def make_trainer(model_config: Any, *, total_steps: int = 10_000):
     """A `Trainer` as `training.loop.train` builds one: default data-parallel mesh and rules, AdamW."""
     from t5x_lite.parallel import partitioning
     from t5x_lite.training import trainer as trainer_lib
-    from t5x_lite.training.optim import OptimizerConfig
+    from t5x_lite.training.optim import AdamW
 
-    return trainer_lib.Trainer.for_run(model=model_config, optimizer=OptimizerConfig(), total_steps=total_steps,
+    return trainer_lib.Trainer.for_run(model=model_config, optimizer=AdamW(), total_steps=total_steps,
                                        mesh=partitioning.make_mesh(), rules=partitioning.DEFAULT_RULES)
 
 

@@ -9,7 +9,7 @@ packs them):
 1. bare jitted step: a hand-written `jax.jit` of model.apply -> weighted
    optax.softmax_cross_entropy_with_integer_labels -> jax.value_and_grad -> optax.adamw ->
    optax.apply_updates, params and opt_state donated, one device, no sharding. AdamW as the
-   OptimizerConfig defaults (b1, b2, eps, weight decay on matrices) but at a constant learning
+   AdamW defaults (b1, b2, eps, weight decay on matrices) but at a constant learning
    rate (the peak), without the warmup-cosine schedule or gradient clipping.
 2. `Trainer.train_step`: `common.make_trainer` and `trainer.train_step(state, batch, rng)`, as
    `throughput` runs it.
@@ -113,13 +113,13 @@ def bare_train_step(module, optimizer):
 
 
 def bare_optimizer():
-    """optax.adamw with OptimizerConfig's defaults, at a constant learning rate (the peak)."""
+    """optax.adamw with AdamW's defaults, at a constant learning rate (the peak)."""
     import optax
 
-    from t5x_lite.training.optim import OptimizerConfig, weight_decay_mask
+    from t5x_lite.training.optim import AdamW, weight_decay_mask
 
-    o = OptimizerConfig()
-    return optax.adamw(o.peak_learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+    o = AdamW()
+    return optax.adamw(o.learning_rate.peak_learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                        mask=weight_decay_mask)
 
 
@@ -308,7 +308,7 @@ def run(args, command: str) -> dict:
         "Row 1: jax.jit(model.apply -> weighted optax.softmax_cross_entropy_with_integer_labels -> "
         "jax.value_and_grad -> optax.adamw -> optax.apply_updates), params and opt_state donated, default device, "
         "no mesh, from a copy of row 2's initial parameters. AdamW b1, b2, eps and weight decay (matrices only) "
-        "as OptimizerConfig's defaults, but a constant learning rate (the peak): no warmup-cosine schedule, no "
+        "as AdamW's defaults, but a constant learning rate (the peak): no warmup-cosine schedule, no "
         "gradient clipping. Deterministic apply (the dropout rate is 0).",
         f"Row 2: common.make_trainer + Trainer.train_step, as throughput runs it: mesh over {_devices()}, the "
         "library's cross entropy, clipping, warmup-cosine schedule (warm-up from 0, so its loss falls slowly "

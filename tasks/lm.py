@@ -1,7 +1,8 @@
 """Language-modelling tasks over directories written by `t5x-lite prepare`.
 
-A prepared directory holds `metadata.json`, `spm.model` and sharded TFRecords whose
-`targets` feature is already tokenized, so reading needs no tokenizer. Long documents are
+A prepared directory holds `metadata.json`, `spm.model` (or, prepared with --tokenizer, a
+Hugging Face tokenizer in tokenizer/) and sharded TFRecords whose `targets` feature is already
+tokenized, so reading needs no tokenizer. Long documents are
 split into pieces that fit the sequence length (with room for EOS); the feature converter
 then packs pieces into full rows.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from t5x_lite import storage
-from t5x_lite.data import prepared_dataset, tfrecord_stream
+from t5x_lite.data import hf_vocabulary, prepared_dataset, tfrecord_stream
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -84,8 +85,11 @@ def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSou
     files = _check_split_files(data_dir, metadata)
     vocabulary_path = storage.join(data_dir, metadata["vocabulary"])
     s3 = storage.is_s3(data_dir)
-    vocabulary_cls = _S3Vocabulary if s3 else seqio.SentencePieceVocabulary
-    vocabulary = vocabulary_cls(vocabulary_path, extra_ids=extra_ids)
+    if "tokenizer" in metadata:  # prepared with --tokenizer: a Hugging Face tokenizer, its own special ids
+        vocabulary = hf_vocabulary.prepared_vocabulary(data_dir, metadata, extra_ids=extra_ids)
+    else:
+        vocabulary_cls = _S3Vocabulary if s3 else seqio.SentencePieceVocabulary
+        vocabulary = vocabulary_cls(vocabulary_path, extra_ids=extra_ids)
     source = seqio.TFExampleDataSource(
         split_to_filepattern=files,
         feature_description={"targets": tf.io.RaggedFeature(tf.int64)},

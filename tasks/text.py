@@ -5,7 +5,7 @@ string field) or TFRecord files (tf.train.Example with the document in a bytes f
 Files are seqio's unit of sharding and shuffling (`seqio.FileDataSource`): with at least as
 many files as data shards each host reads only its own files (with fewer, seqio reads them all
 on every host and shards the examples). The text is tokenized with a SentencePiece
-model or seqio's byte vocabulary, long documents are split into pieces of the targets length
+model, a Hugging Face tokenizer (data/hf_vocabulary.py) or seqio's byte vocabulary, long documents are split into pieces of the targets length
 (with room for EOS), and EOS is appended.
 
 A record without usable text (a jsonl line that is not a JSON object with a string field, a
@@ -25,6 +25,7 @@ import os
 
 from google.protobuf.message import DecodeError
 
+from t5x_lite.data import hf_vocabulary
 from t5x_lite.tf_setup import import_tensorflow
 
 from .lm import TaskDataError, replace_task
@@ -149,10 +150,16 @@ def check_split_files(splits: dict[str, str]) -> None:
 
 
 def load_vocabulary(vocabulary: str) -> seqio.Vocabulary:
-    """seqio's byte vocabulary for 'byte', else the SentencePiece model at that path, read now."""
+    """seqio's byte vocabulary for 'byte'; a Hugging Face tokenizer (with the model's own special ids) for a
+    tokenizer.json, a Hugging Face folder or a converted model directory; else the SentencePiece model at
+    that path, read now."""
     if vocabulary == BYTE_VOCABULARY:
         return seqio.ByteVocabulary()
     path = os.path.expanduser(vocabulary)
+    if path.endswith(".json") or os.path.isdir(path):
+        loaded = hf_vocabulary.load_path(path)
+        loaded.vocab_size  # reads the tokenizer now rather than later inside tf.data
+        return loaded
     loaded = seqio.SentencePieceVocabulary(path)
     try:
         loaded.tokenizer  # reads the model now rather than later inside tf.data

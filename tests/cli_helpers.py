@@ -45,6 +45,33 @@ def run_cli(*args: str, devices: int = 1, timeout: int = 600, extra_pythonpath: 
                           timeout=timeout)
 
 
+def run_cli_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`t5x-lite ARGS` through the CLI's `main` in this process, from the repository root: its exit
+    code (returned or raised) and what it printed. For checks of what a command refuses before any
+    work (the message and exit code): a pytest worker has 8 host devices and its imports done;
+    `run_cli` is the real process (start-up output, signals, the device count a user gets)."""
+    import contextlib
+    import io
+
+    import gin
+
+    from t5x_lite import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = cli.main(list(args))
+            except SystemExit as e:
+                code = e.code
+    finally:
+        os.chdir(cwd)
+        gin.clear_config()  # leave no run's bindings to the next test in this process
+    return subprocess.CompletedProcess(["t5x-lite", *args], code, out.getvalue(), err.getvalue())
+
+
 def start_cli(*args: str, devices: int = 1) -> subprocess.Popen:
     """Starts `t5x-lite ARGS` with stdout and stderr merged, readable line by line as it runs."""
     return subprocess.Popen([sys.executable, "-m", "t5x_lite.cli", *args], cwd=ROOT, env=cli_env(devices),
@@ -82,6 +109,12 @@ def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1,
     """The quickstart run with a tiny model on `data_dir`, plus `extra` flags."""
     return run_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
                    f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra, devices=devices, extra_env=extra_env)
+
+
+def train_in_process(data_dir: Path, model_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`train`'s flags for the quickstart run with a tiny model, through `run_cli_in_process`."""
+    return run_cli_in_process("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
+                              f"--gin.MODEL_DIR='{model_dir}'", *TINY_MODEL, *extra)
 
 
 def losses(stdout: str) -> list[float]:

@@ -11,15 +11,16 @@ Owns:
   command.py         `t5x-lite checkpoint info|verify|unlock`
   retention.py       `RetentionPolicy`: last N, every K-th step, best N by a metric (pure)
   s3_mirror.py       s3:// model directories: a local staging copy uploaded with a COMMITTED marker
-  init_from.py       `InitFrom`: a new run's parameters from another run, through a name mapping
+  init_from.py       `InitFrom`: a new run's parameters from another run, through a name mapping, and
+                     the source's Hugging Face files (hf/: tokenizer, config.json) copied to the run
   restored_model.py  a checkpoint's model config, float32 params and vocabulary for eval and inference
   info.py            `t5x-lite checkpoint info PATH`
 
 Public names: `checkpoint.Checkpointer`, `checkpoint.to_saveable`, `checkpoint.check_compatible`,
 `checkpoint.checkpoints_dir`; `lookup.locate`, `lookup.CheckpointNotFoundError`,
 `lookup.DamagedCheckpointError`; `lease.Lease`; `manifest.check`, `manifest.write`;
-`retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `flatten`,
-`unflatten`; `restored_model.restore`, `RestoredModel`.
+`retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `copy_hf_files`,
+`flatten`, `unflatten`; `restored_model.restore`, `RestoredModel`.
 
 May import (pyproject.toml's layers contract): data, parallel, metrics, models, storage, errors,
 tf_setup.

@@ -6,6 +6,8 @@ damaged file, and names each field or array that differs.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 import jax
@@ -63,9 +65,21 @@ def check_same_structure(saved_shapes: Any, abstract_state: Any, *, step: int, m
         "--gin.MODEL_DIR with --gin.train.init_from to take only the parameters. Nothing was changed.")
 
 
+def _with_defaults(family: Any, model: dict) -> dict:
+    """A saved model's fields, with the default of each field its config class gained since it was saved."""
+    from t5x_lite.models import CONFIG_CLASSES
+
+    cls = CONFIG_CLASSES.get(family)
+    if cls is None:
+        return model
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    return {**json.loads(json.dumps(defaults)), **model}
+
+
 def check_compatible(saved: dict, current: dict, *, model_dir: str) -> None:
     """Raises CheckpointMismatchError naming each model field that differs."""
-    saved_model, current_model = saved.get("model", {}), current.get("model", {})
+    saved_model = _with_defaults(saved.get("family"), saved.get("model", {}))
+    current_model = _with_defaults(current.get("family"), current.get("model", {}))
     # Fields that change the parameter tree; switches like remat do not.
     keys = sorted(set(saved_model) | set(current_model))
     shape_fields = [k for k in keys if k not in ("dtype", "remat_policy", "dropout_rate", "scan_layers")]

@@ -1,7 +1,8 @@
 """Starting a run from another run's parameters (fine-tuning), with an explicit name mapping.
 
 Only parameters are taken: the optimizer state starts afresh, so the new run may use another
-optimizer or schedule. Parameter paths are '/'-joined names such as
+optimizer or schedule. A source with Hugging Face files (hf/ of a from-hf conversion: its
+tokenizer and config.json) gives the new run a copy of them (`copy_hf_files`). Parameter paths are '/'-joined names such as
 `decoder/layers/attention/query/kernel`.
 """
 
@@ -14,7 +15,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
+from t5x_lite.data.tokenizer_files import HF_SUBDIR
 from t5x_lite.errors import ConfigValueError, UserError
 
 
@@ -43,6 +46,9 @@ class InitFrom:
     strict: bool = True
 
     def __post_init__(self):
+        if not self.checkpoint:
+            raise ConfigValueError("InitFrom.checkpoint is not set: name the checkpoint to start from, e.g. "
+                                   "--gin.INITIAL_CHECKPOINT_PATH=\"'runs/pretrained'\" (runs/finetune.gin).")
         for rule in self.mapping:
             if len(rule) != 2:
                 raise ConfigValueError(f"InitFrom.mapping rule {rule!r} must be a (target regex, source template) pair.")
@@ -120,6 +126,25 @@ def resolve(init: InitFrom) -> tuple[str, int]:
         return lookup.locate(init.checkpoint, init.step)
     except lookup.CheckpointNotFoundError as e:
         raise InitFromError(f"train.init_from: {e}") from None
+
+
+def copy_hf_files(init: InitFrom, model_dir: str, *, log: Callable[[str], None]) -> list[str]:
+    """The source's Hugging Face files (MODEL_DIR/hf/ of a from-hf conversion: its tokenizer, config.json,
+    generation_config.json) copied into this run's `model_dir`/hf/, where `sample`, `eval`, `infer`
+    and `to-hf` find them (restored_model.py, hf/convert.py); the names copied (none without hf/)."""
+
+    source_dir, _ = resolve(init)
+    source = storage.join(source_dir, HF_SUBDIR)
+    if not storage.exists(source):
+        return []
+    target = storage.join(model_dir, HF_SUBDIR)
+    storage.makedirs(target)
+    names = [name.rstrip("/") for name in storage.listdir(source)]
+    for name in names:
+        storage.copy(storage.join(source, name), storage.join(target, name))
+    log(f"init_from: copied {source} ({', '.join(names)}) to {target}: the tokenizer and config of the model "
+        "this run starts from.")
+    return names
 
 
 def load_params(init: InitFrom, *, target_params: Any, warn: Callable[[str], None]) -> Any:

@@ -30,6 +30,15 @@ def _warn_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def require_model_dir(path: str | None, reader: str) -> None:
+    """A CheckpointNotFoundError when a gin-configured reader (eval, infer) was given no checkpoint."""
+    if not path:
+        raise CheckpointNotFoundError(
+            f"{reader} needs a checkpoint: set MODEL_DIR (a training run's directory, or one step's directory "
+            "MODEL_DIR/checkpoints/<step>) or t5x's name for it, CHECKPOINT_PATH; e.g. "
+            "--gin.MODEL_DIR=\"'runs/quickstart'\".")
+
+
 def locate(path: str, step: int | None = None, *,
            warn: Callable[[str], None] = _warn_to_stderr) -> tuple[str, int]:
     """(model directory, step) of a checkpoint that is whole, for readers.

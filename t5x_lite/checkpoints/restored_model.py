@@ -1,8 +1,8 @@
 """A trained model read back for evaluation and inference: its config, params and vocabulary.
 
 Everything comes from the model directory (the checkpoint's metadata gives the model's sizes,
-vocab/spm.model the vocabulary, or hf/tokenizer.json for a converted Hugging Face model), so no
-model gin file is needed. A model config that is given anyway must match the checkpoint, or the
+vocab/spm.model the vocabulary, or hf/ the Hugging Face tokenizer of a converted model or of a run
+trained on one), so no model gin file is needed. A model config that is given anyway must match the checkpoint, or the
 run stops naming the fields that differ.
 
 The params are read straight into their shardings on a `Placement` (the training rule tables
@@ -18,7 +18,6 @@ from typing import Any
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
-from t5x_lite.data.tokenizer_json import TokenizerJsonVocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.models import ModelConfig, config_from_dict
 from t5x_lite.parallel.placement import Placement
@@ -40,22 +39,24 @@ class RestoredModel:
         return storage.join(self.model_dir, "vocab", "spm.model")
 
     def vocabulary(self):
-        """The vocabulary text is tokenized with: the run's SentencePiece model (MODEL_DIR/vocab/spm.model),
-        else the tokenizer.json of a converted Hugging Face model (MODEL_DIR/hf/, docs/interop.md)."""
+        """The vocabulary text is tokenized with: the Hugging Face tokenizer in MODEL_DIR/hf/ when it is
+        the model's (a from-hf conversion, or a run trained on such a tokenizer; its own special ids,
+        docs/interop.md), else the run's SentencePiece model (MODEL_DIR/vocab/spm.model, seqio's ids)."""
 
+        from t5x_lite.data import hf_vocabulary  # seqio and TensorFlow load in seconds: imported where first needed
+
+        vocabulary = hf_vocabulary.model_dir_vocabulary(self.model_dir)
+        if vocabulary is not None:
+            return vocabulary
         if storage.exists(self.vocabulary_file):
             import_tensorflow()  # quietly, before seqio loads it
-            import seqio  # seqio and TensorFlow load in seconds: imported where first needed
+            import seqio
 
             return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
-        tokenizer_json = storage.join(self.model_dir, "hf", "tokenizer.json")
-        if storage.exists(tokenizer_json):
-            with storage.open(storage.join(self.model_dir, "hf", "config.json"), "rb") as f:
-                eos_id = json.load(f).get("eos_token_id")
-            return TokenizerJsonVocabulary(tokenizer_json, eos_id=eos_id if isinstance(eos_id, int) else None)
         raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a SentencePiece "
-                            "vocabulary) and no hf/tokenizer.json, so text cannot be tokenized for it; use a seqio task "
-                            "whose features carry the vocabulary instead.")
+                            "vocabulary) and no Hugging Face tokenizer in hf/ (tokenizer.json or tokenizer.model), "
+                            "so text cannot be tokenized for it; use a seqio task whose features carry the "
+                            "vocabulary instead.")
 
 
 def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None,

@@ -6,6 +6,8 @@ Owns:
   sources.py        every binding of a run in the order gin applies it, with its file:line or flag
   resolve.py        the run followed from its entry point without calling it: each call's values,
                     what overrode what, unused bindings, undefined macros; deferred calls for estimate
+  macro_defaults.py macros a run may leave unset (MESH_AXES: no mesh file) and the check that a
+                    macro and its t5x alias (SEED / RANDOM_SEED, MODEL_DIR / CHECKPOINT_PATH) agree
   command.py        `t5x-lite config show | explain | diff | reference`; the unused-binding warning
   reference.py      docs/config_reference.md, generated from signatures and docstrings (`--check`)
   entry.py          the shared body of `train`, `eval` and `infer`: parse, warn, join processes, call

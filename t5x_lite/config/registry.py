@@ -28,7 +28,10 @@ def register_configurables() -> None:
     gin.external_configurable(decoder_only.DecoderConfig, "DecoderConfig")
     gin.external_configurable(encoder_decoder.T5Config, "T5Config")
     gin.external_configurable(task_access.DataConfig, "DataConfig")
-    gin.external_configurable(optim.OptimizerConfig, "OptimizerConfig")
+    gin.external_configurable(optim.AdamW, "AdamW")
+    gin.external_configurable(optim.Adafactor, "Adafactor")
+    for schedule in optim.SCHEDULES:  # WarmupCosine, WarmupLinear, RsqrtDecay, Constant, WarmupStableDecay
+        gin.external_configurable(schedule, schedule.__name__)
     gin.external_configurable(trainer.LossConfig, "LossConfig")
     gin.external_configurable(retention.RetentionPolicy, "RetentionPolicy")
     gin.external_configurable(init_from.InitFrom, "InitFrom")

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import gin
 
-from t5x_lite.config import parsing, registry
+from t5x_lite.config import macro_defaults, parsing, registry
 from t5x_lite.config import sources as config_sources
 from t5x_lite.config.parsing import ConfigError
 from t5x_lite.config.sources import Binding
@@ -166,20 +166,26 @@ def load_run(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (), gin_
                  skip_unknown=skip_unknown)
     bindings = config_sources.read_bindings(gin_files=gin_files, gin_bindings=gin_bindings,
                                             gin_search_paths=gin_search_paths, skip_unknown=skip_unknown)
+    bindings = [*bindings, *macro_defaults.bind_unset_defaults(bindings, macros_used)]
+    macro_defaults.check_aliases(bindings, macros_used)
     if check_macros:
         check_macros_defined(bindings)
     return resolve(bindings, entry=entry)
 
 
 def check_macros_defined(bindings: Sequence[Binding]) -> None:
-    """A ConfigError naming the file and line of each %MACRO used but never set (and the nearest set one)."""
+    """A ConfigError naming the file and line of each %MACRO used but never set (and the nearest set one).
+
+    Only the bindings gin will use count: a macro read only by a binding that a later one
+    overrides is not needed.
+    """
     defined = {b.key for b in bindings if b.is_macro}
     problems = []
-    for binding in bindings:
+    for binding in {b.key: b for b in bindings}.values():
         for name in macros_used(binding.value):
             if name not in defined:
                 close = difflib.get_close_matches(name, sorted(defined), n=2)
-                hint = f"; did you mean %{' or %'.join(close)}?" if close else "; set it, e.g. --gin.{name}=VALUE."
+                hint = f"; did you mean %{' or %'.join(close)}?" if close else f"; set it, e.g. --gin.{name}=VALUE."
                 problems.append(f"%{name} is used but never set\n  at {binding.source}: {binding.text}{hint}")
     if problems:
         raise ConfigError("\n".join(problems))

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from t5x_lite.data import tfrecord_stream
-from t5x_lite.data.task_access import FEATURE_CONVERTERS, DataConfig, get_task
+from t5x_lite.data.task_access import DataConfig, get_task
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -131,7 +131,7 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
     tf = import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
     import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
-    lengths = config.task_feature_lengths()
+    lengths = config.seqio_lengths()
     provider = get_task(config.mixture_or_task_name)
     if config.split not in provider.splits:
         raise MissingSplitError(
@@ -150,7 +150,10 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
         trim_output_features=False,
     )
     dataset = _trim_and_count(dataset, lengths, stats or PipelineStats(list(lengths)))
-    converter = getattr(seqio, FEATURE_CONVERTERS[config.converter][0])(pack=config.pack)
+    from t5x_lite.data import feature_converters  # seqio's converters: imported with seqio
+
+    converter = feature_converters.feature_converter(
+        config.converter, pack=config.pack, vocabulary=provider.output_features["targets"].vocabulary)
     return converter(dataset, lengths).prefetch(tf.data.AUTOTUNE)
 
 
@@ -174,7 +177,7 @@ def count_batches(config: DataConfig, *, epoch: int, host_batch_size: int, shard
     mid-epoch must not wait for the next epoch's count before its process can exit.
     """
     tf = import_tensorflow()
-    stats = PipelineStats(list(config.task_feature_lengths()))
+    stats = PipelineStats(list(config.seqio_lengths()))
     rows = epoch_rows(config, epoch=epoch, shard_index=shard_index, num_shards=num_shards, stats=stats)
     # Counted in blocks of rows: a step per row costs more than building the rows.
     block_sizes = rows.batch(1024).map(lambda b: tf.shape(next(iter(b.values())), out_type=tf.int64)[0])
@@ -270,7 +273,7 @@ class BatchIterator:
     # ------------------------------------------------------------------------------ reading
 
     def _open(self) -> None:
-        self._stats = PipelineStats(list(self.config.task_feature_lengths()))
+        self._stats = PipelineStats(list(self.config.seqio_lengths()))
         dataset = epoch_dataset(self.config, epoch=self.epoch, host_batch_size=self.host_batch_size,
                                 shard_index=self.shard_index, num_shards=self.num_shards, stats=self._stats)
         self._element_spec = dataset.element_spec

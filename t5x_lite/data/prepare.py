@@ -2,7 +2,9 @@
 
 `python -m t5x_lite.data.prepare --input=DIR_OR_FILE --out=DATA_DIR` writes to DATA_DIR:
 
-  spm.model, spm.vocab                 SentencePiece unigram model (pad 0, eos 1, unk 2, no bos)
+  spm.model, spm.vocab                 SentencePiece unigram model (pad 0, eos 1, unk 2, no bos), or
+  tokenizer/                           with --tokenizer: a copy of a Hugging Face tokenizer (its ids
+                                       in metadata.json's `tokenizer`)
   train-SSSSS-of-NNNNN.tfrecord        tf.train.Examples: `targets` (token ids, no EOS), `id`
   validation-SSSSS-of-NNNNN.tfrecord
   metadata.json                        written last: splits, counts, vocabulary size, seed
@@ -13,14 +15,22 @@ local temporary directory, then uploaded (metadata.json last).
 Documents are whole files, or one per line of `.jsonl`/`.jsonl.gz` files. Each document's text is
 kept exactly (newlines, indentation, tabs), so the vocabulary suits source code as well as prose.
 
+`--tokenizer=PATH` tokenizes with a Hugging Face tokenizer instead of training a vocabulary: a
+tokenizer.json, a SentencePiece tokenizer.model, a Hugging Face model folder, or a converted
+model directory (its hf/). The ids are the tokenizer's own, without BOS or EOS (tasks append
+EOS; the feature converter puts the tokenizer's BOS, else EOS, first); its size is checked
+against the model's config.json `vocab_size` when the path has one.
+
 This module is the `t5x-lite prepare` command: its flags, checks and the steps in order. The
 steps live in `corpus` (inputs, splits, vocabulary sample), `spm_vocabulary` (training the
-vocabulary, tokenizing) and `prepared_dataset` (the shards and metadata.json).
+vocabulary, tokenizing), `hf_vocabulary` (a Hugging Face tokenizer) and `prepared_dataset` (the
+shards and metadata.json).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -28,10 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from t5x_lite import storage
-from t5x_lite.data import corpus, prepared_dataset, spm_vocabulary
+from t5x_lite.data import corpus, hf_vocabulary, prepared_dataset, spm_vocabulary, tokenizer_files
 from t5x_lite.data.corpus import PYTHON_STDLIB, PrepareError
 from t5x_lite.data.prepared_dataset import METADATA_FILE, VOCAB_FILE
+from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
+
+DEFAULT_VOCAB_SIZE = 8192
 
 
 def _default_num_workers() -> int:
@@ -40,9 +53,14 @@ def _default_num_workers() -> int:
     return os.cpu_count() or 1
 
 
-def _check_options(*, vocab_size: int, num_shards: int, validation_fraction: float,
-                   vocab_sample_bytes: int, num_workers: int, vocab_model: str | None) -> None:
-    if vocab_model is None and vocab_size < spm_vocabulary.MIN_VOCAB_SIZE:
+def _check_options(*, vocab_size: int | None, num_shards: int, validation_fraction: float,
+                   vocab_sample_bytes: int, num_workers: int, vocab_model: str | None,
+                   tokenizer: str | None) -> None:
+    if tokenizer is not None and (vocab_model is not None or vocab_size is not None):
+        raise PrepareError(f"--tokenizer={tokenizer!r} brings its own vocabulary: drop "
+                           + ("--vocab_model" if vocab_model is not None else "--vocab_size") + ".")
+    vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+    if vocab_model is None and tokenizer is None and vocab_size < spm_vocabulary.MIN_VOCAB_SIZE:
         raise PrepareError(
             f"--vocab_size={vocab_size} is too small: the vocabulary holds 256 byte-fallback "
             f"pieces plus pad/eos/unk and the corpus's characters. Use --vocab_size of at least "
@@ -86,17 +104,38 @@ def _count(n: float) -> str:
     return str(int(n))
 
 
-def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_shards: int = 4,
+def _hf_tokenizer(path: str) -> tuple[tokenizer_files.TokenizerSource, object]:
+    """The tokenizer --tokenizer names and its vocabulary, checked: readable, with an EOS, and no
+    larger than the model's vocab_size (config.json beside it) when there is a model."""
+    source = tokenizer_files.find(path)
+    vocabulary = hf_vocabulary.load(source)
+    size = vocabulary.vocab_size  # reads the file: a malformed one fails here, before anything is written
+    if vocabulary.eos_id is None:
+        raise PrepareError(f"{source.path} names no EOS token (no eos_token_id in config.json, no eos_token in "
+                           "tokenizer_config.json or special_tokens_map.json): put the model folder's JSON files "
+                           "beside it, or pass --tokenizer the model folder itself.")
+    model_vocab_size = tokenizer_files.read_json(source.folder, "config.json").get("vocab_size")
+    if isinstance(model_vocab_size, int) and size > model_vocab_size:
+        raise PrepareError(
+            f"The tokenizer {source.path} has {size} ids but the model beside it "
+            f"({storage.join(source.folder, 'config.json')}) has vocab_size={model_vocab_size}: ids "
+            f"{model_vocab_size}..{size - 1} would have no embedding. Pass the model's own tokenizer (its folder "
+            "or its converted model directory).")
+    return source, vocabulary
+
+
+def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = None, num_shards: int = 4,
             validation_fraction: float = 0.05, jsonl_field: str = "text", glob: str | None = None,
             vocab_sample_bytes: int = 20_000_000, num_workers: int | None = None, seed: int = 0,
-            vocab_model: str | None = None, overwrite: bool = False,
+            vocab_model: str | None = None, tokenizer: str | None = None, overwrite: bool = False,
             log: Callable[[str], None] = print) -> dict:
     """Prepares `inputs` (files, directories or `python_stdlib`) as a dataset in `out_dir`.
 
     Each document goes to validation with probability `validation_fraction`, decided by a stable
     hash of its key (path relative to its input, `path:line` for jsonl) and `seed`. The unigram
     vocabulary is trained on a deterministic sample of about `vocab_sample_bytes` of training
-    text, unless `vocab_model` names an existing model to copy. Train gets `num_shards` shards,
+    text (`vocab_size` pieces, default 8192), unless `vocab_model` names an existing model to copy or
+    `tokenizer` a Hugging Face tokenizer to use (see the module docstring). Train gets `num_shards` shards,
     validation min(num_shards, its documents). Outputs are identical for the same inputs and
     seed, whatever `num_workers` (the vocabulary trainer always uses VOCAB_TRAINER_THREADS).
     Returns the metadata in `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
@@ -108,8 +147,10 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     num_workers = _default_num_workers() if num_workers is None else num_workers
     _check_options(vocab_size=vocab_size, num_shards=num_shards, num_workers=num_workers,
                    validation_fraction=validation_fraction, vocab_sample_bytes=vocab_sample_bytes,
-                   vocab_model=vocab_model)
+                   vocab_model=vocab_model, tokenizer=tokenizer)
+    vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     _check_out_dir(out_dir, overwrite)
+    hf_source, hf_vocab = _hf_tokenizer(tokenizer) if tokenizer else (None, None)
     sources = corpus.resolve_inputs(inputs, glob)
     survey = corpus.survey(corpus.iter_documents(sources, jsonl_field), seed=seed,
                            validation_fraction=validation_fraction,
@@ -117,15 +158,27 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     _check_splits(survey.num_documents, inputs)
     prepared_dataset.clear_outputs(out_dir)
 
-    if vocab_model:
-        model = spm_vocabulary.read_vocabulary(vocab_model)
+    make_encoder = None
+    if hf_source is not None:
+        copy = hf_vocabulary.copy_for_prepared(hf_source, out_dir)
+        encoder = (spm_vocabulary.sentencepiece_encoder if copy.kind == "sentencepiece"
+                   else spm_vocabulary.tokenizer_json_encoder)
+        make_encoder = functools.partial(encoder, copy.path)
+        vocabulary_entry = {"vocab_size": hf_vocab.vocab_size, "vocabulary": f"{hf_vocabulary.PREPARED_SUBDIR}/"
+                            f"{copy.file}", "tokenizer": hf_vocabulary.metadata_entry(copy, hf_vocab, given=storage.absolute(tokenizer))}
+        log(f"tokenizing with {hf_source.path} ({hf_vocab.vocab_size} ids; eos {hf_vocab.eos_id}, decoder start "
+            f"{hf_vocab.decoder_start_id}{', id 0 a real token' if hf_vocab.zero_is_token else ''}) ...")
     else:
-        log(f"training a {vocab_size}-piece vocabulary on {survey.sample.num_bytes / 1e6:.1f} MB "
-            f"of {survey.input_bytes / 1e6:.1f} MB ...")
-        model = spm_vocabulary.train_vocabulary(survey.sample.texts(), vocab_size=vocab_size,
-                                                seed=seed,
-                                                num_threads=spm_vocabulary.VOCAB_TRAINER_THREADS)
-    spm_vocabulary.write_vocabulary(model, os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0]))
+        if vocab_model:
+            model = spm_vocabulary.read_vocabulary(vocab_model)
+        else:
+            log(f"training a {vocab_size}-piece vocabulary on {survey.sample.num_bytes / 1e6:.1f} MB "
+                f"of {survey.input_bytes / 1e6:.1f} MB ...")
+            model = spm_vocabulary.train_vocabulary(survey.sample.texts(), vocab_size=vocab_size,
+                                                    seed=seed,
+                                                    num_threads=spm_vocabulary.VOCAB_TRAINER_THREADS)
+        spm_vocabulary.write_vocabulary(model, os.path.join(out_dir, os.path.splitext(VOCAB_FILE)[0]))
+        vocabulary_entry = {"vocab_size": spm_vocabulary.vocab_size_of(model), "vocabulary": VOCAB_FILE}
     model_file = os.path.join(out_dir, VOCAB_FILE)
 
     import_tensorflow()  # before the clock starts: the rate measures tokenizing and writing
@@ -133,15 +186,14 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int = 8192, num_
     num_shards_per_split = {"train": num_shards,
                             "validation": min(num_shards, survey.num_documents["validation"])}
     encoded = spm_vocabulary.tokenize(corpus.iter_documents(sources, jsonl_field),
-                                      model_file=model_file, num_workers=num_workers)
+                                      model_file=model_file, num_workers=num_workers, make_encoder=make_encoder)
     splits = prepared_dataset.write_shards(encoded, out_dir=out_dir, num_shards=num_shards_per_split,
                                            seed=seed, validation_fraction=validation_fraction)
     tokenize_seconds = time.perf_counter() - tokenize_start
 
     metadata = {
         "format_version": prepared_dataset.FORMAT_VERSION,
-        "vocab_size": spm_vocabulary.vocab_size_of(model),
-        "vocabulary": VOCAB_FILE,
+        **vocabulary_entry,
         "splits": splits,
         "sources": _describe(inputs, glob, len(sources)),
         "seed": seed,
@@ -178,10 +230,14 @@ def prepare_remote(*, out_dir: str, overwrite: bool = False,
         result = prepare(out_dir=staging, log=log, **options)
         if storage.exists(out_dir):
             for name in storage.listdir(out_dir):  # metadata.json sorts before the shards
-                if prepared_dataset.is_output(name):
+                name = name.rstrip("/")
+                if name == hf_vocabulary.PREPARED_SUBDIR:
+                    storage.remove_tree(storage.join(out_dir, name))
+                elif prepared_dataset.is_output(name):
                     storage.remove(storage.join(out_dir, name))
-        for name in sorted(os.listdir(staging), key=lambda name: name == METADATA_FILE):
-            storage.copy(os.path.join(staging, name), storage.join(out_dir, name))
+        files = [os.path.relpath(os.path.join(d, f), staging) for d, _, names in os.walk(staging) for f in names]
+        for name in sorted(files, key=lambda name: name == METADATA_FILE):
+            storage.copy(os.path.join(staging, name), storage.join(out_dir, *name.split(os.sep)))
     log(f"uploaded to {out_dir}")
     return result
 
@@ -192,7 +248,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"file or directory (repeatable), or {PYTHON_STDLIB}")
     p.add_argument("--out", required=True, dest="out_dir",
                    help="directory to write (local, gs://BUCKET/PREFIX or s3://BUCKET/PREFIX)")
-    p.add_argument("--vocab_size", type=int, default=8192)
+    p.add_argument("--vocab_size", type=int, help=f"pieces of the vocabulary to train (default {DEFAULT_VOCAB_SIZE})")
     p.add_argument("--num_shards", type=int, default=4)
     p.add_argument("--validation_fraction", type=float, default=0.05)
     p.add_argument("--jsonl_field", default="text", help="text field of .jsonl records")
@@ -202,6 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num_workers", type=int, help="processes (default: all usable CPUs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab_model", help="existing SentencePiece .model to use instead of training")
+    p.add_argument("--tokenizer", help="a Hugging Face tokenizer to use instead of training: a tokenizer.json, "
+                   "a tokenizer.model, a Hugging Face model folder or a converted model directory")
     p.add_argument("--overwrite", action="store_true", help="replace a prepared --out")
     return p
 
@@ -211,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         prepare(**vars(args))
-    except (PrepareError, storage.StorageError) as e:
+    except UserError as e:  # PrepareError, StorageError, a tokenizer that cannot be used
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,8 +1,10 @@
 """The files of a prepared data directory: its sharded TFRecords and metadata.json, written and read back.
 
-Layout: `spm.model`/`spm.vocab`, `<split>-SSSSS-of-NNNNN.tfrecord` (tf.train.Examples with
-`targets`, the token ids without EOS, and `id`), and `metadata.json`, written last so that a
-directory holding it is complete. Shards are written under temporary names and renamed only once
+Layout: `spm.model`/`spm.vocab` (or, prepared with --tokenizer, a Hugging Face tokenizer in
+`tokenizer/`), `<split>-SSSSS-of-NNNNN.tfrecord` (tf.train.Examples with `targets`, the token ids
+without EOS, and `id`), and `metadata.json`, written last so that a directory holding it is
+complete (its `vocabulary` names the vocabulary file; `tokenizer`, when present, the Hugging Face
+tokenizer's kind, source and special ids). Shards are written under temporary names and renamed only once
 every shard is finished, so an interrupted run leaves no shard that looks whole.
 """
 
@@ -12,6 +14,7 @@ import fnmatch
 import functools
 import json
 import os
+import shutil
 from collections.abc import Iterable
 
 from t5x_lite import storage
@@ -21,6 +24,7 @@ from t5x_lite.tf_setup import import_tensorflow
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
 VOCAB_FILE = "spm.model"
+TOKENIZER_SUBDIR = "tokenizer"  # a Hugging Face tokenizer's copy (prepare --tokenizer)
 _TMP_SUFFIX = ".tmp"
 
 
@@ -110,11 +114,12 @@ def is_output(name: str) -> bool:
 
 
 def clear_outputs(out_dir: str) -> None:
-    """Removes the metadata and shards of an earlier (possibly interrupted) run in `out_dir`."""
+    """Removes the metadata, shards and tokenizer copy of an earlier (possibly interrupted) run in `out_dir`."""
     os.makedirs(out_dir, exist_ok=True)
     for name in sorted(os.listdir(out_dir)):  # metadata.json sorts before the shards
         if is_output(name):
             os.remove(os.path.join(out_dir, name))
+    shutil.rmtree(os.path.join(out_dir, TOKENIZER_SUBDIR), ignore_errors=True)
 
 
 def read_metadata(data_dir: str) -> dict | None:

@@ -1,15 +1,19 @@
-"""The SentencePiece vocabulary of a prepared dataset: training it, checking and writing it, tokenizing with it.
+"""The SentencePiece vocabulary of a prepared dataset: training it, checking and writing it; tokenizing in workers.
 
 The model uses seqio's ids (pad 0, eos 1, unk 2, no bos) and keeps whitespace exactly, so it suits
 source code as well as prose. Training is deterministic (fixed seed and thread count); tokenizing
-runs in worker processes and streams, so corpora larger than memory can be prepared.
+runs in worker processes and streams, so corpora larger than memory can be prepared, with this
+model or with a Hugging Face tokenizer (`prepare --tokenizer`: its tokenizer.json or SentencePiece
+tokenizer.model, encoded without BOS or EOS).
 """
 
 from __future__ import annotations
 
+import functools
 import io
 import multiprocessing
-from collections.abc import Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
@@ -103,7 +107,8 @@ def read_vocabulary(vocab_model: str) -> bytes:
         raise PrepareError(
             f"--vocab_model={vocab_model!r} has pad_id={processor.pad_id()}, "
             f"eos_id={processor.eos_id()}; seqio needs pad_id={PAD_ID}, eos_id={EOS_ID}. "
-            "Use a model trained with those ids, or leave out --vocab_model to train one."
+            "Use a model trained with those ids, leave out --vocab_model to train one, or pass a Hugging Face "
+            "model's tokenizer.model with --tokenizer (it keeps the model's own ids)."
         )
     with open(vocab_model, "rb") as f:
         return f.read()
@@ -126,16 +131,32 @@ def vocab_size_of(model: bytes) -> int:
 
 # -------------------------------------------------------------------------- tokenization
 
-_worker_processor: spm.SentencePieceProcessor | None = None
+Encoder = Callable[[list[str]], list[list[int]]]  # texts -> their token ids (no BOS, no EOS)
+_worker_encode: Encoder | None = None
 
 
-def _init_worker(model_file: str) -> None:
-    global _worker_processor
-    _worker_processor = spm.SentencePieceProcessor(model_file=model_file)
+def sentencepiece_encoder(model_file: str) -> Encoder:
+    """A SentencePiece model's batch encoder (one thread: the worker pool gives the parallelism)."""
+    processor = spm.SentencePieceProcessor(model_file=model_file)
+    return lambda texts: processor.encode(texts, num_threads=1)
+
+
+def tokenizer_json_encoder(path: str) -> Encoder:
+    """A Hugging Face tokenizer.json's batch encoder, without special tokens (one thread, as above)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    import tokenizers  # checked to import in the parent process (hf_vocabulary.load) before workers start
+
+    tokenizer = tokenizers.Tokenizer.from_file(path)
+    return lambda texts: [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def _init_worker(make_encoder: Callable[[], Encoder]) -> None:
+    global _worker_encode
+    _worker_encode = make_encoder()
 
 
 def _encode_batch(texts: list[str]) -> list[list[int]]:
-    return _worker_processor.encode(texts, num_threads=1)
+    return _worker_encode(texts)
 
 
 def _batched(documents: Iterable[Document], max_chars: int) -> Iterator[list[Document]]:
@@ -151,14 +172,17 @@ def _batched(documents: Iterable[Document], max_chars: int) -> Iterator[list[Doc
         yield batch
 
 
-def tokenize(documents: Iterable[Document], *, model_file: str,
-             num_workers: int) -> Iterator[tuple[Document, list[int]]]:
-    """(document, token ids without EOS) in document order, encoded by `num_workers` processes.
+def tokenize(documents: Iterable[Document], *, model_file: str | None = None, num_workers: int,
+             make_encoder: Callable[[], Encoder] | None = None) -> Iterator[tuple[Document, list[int]]]:
+    """(document, token ids without BOS or EOS) in document order, encoded by `num_workers` processes.
 
+    Each worker encodes with the SentencePiece `model_file`, or with what `make_encoder` (a picklable
+    function, called in each worker: `functools.partial(tokenizer_json_encoder, path)`) returns.
     At most about 64 MB of text is in flight at once, so corpora larger than memory stream.
     """
+    make_encoder = make_encoder or functools.partial(sentencepiece_encoder, model_file)
     context = multiprocessing.get_context("spawn")
-    with context.Pool(num_workers, initializer=_init_worker, initargs=(model_file,)) as pool:
+    with context.Pool(num_workers, initializer=_init_worker, initargs=(make_encoder,)) as pool:
         for window in _batched(documents, _WINDOW_CHARS):
             batches = list(_batched(window, _BATCH_CHARS))
             encoded = pool.imap(_encode_batch, [[d.text for d in batch] for batch in batches])

@@ -6,9 +6,12 @@ The batches themselves come from `t5x_lite.data.input_pipeline`.
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
+
+DEFAULT_SEQUENCE_LENGTH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +22,8 @@ class DataConfig:
       mixture_or_task_name: a registered seqio task or mixture.
       split: dataset split, for example 'train' or 'validation'.
       sequence_length: length of each packed row the decoder reads. For 'prefix_lm' that row
-        holds prefixes (inputs) and targets together.
+        holds prefixes (inputs) and targets together. None: from task_feature_lengths, else
+        DEFAULT_SEQUENCE_LENGTH.
       inputs_length: 'enc_dec': length of each packed row of inputs (the encoder's).
         'prefix_lm': how many of the sequence_length positions the inputs may take (None:
         half); the targets get the rest, so seqio's lengths are {'inputs': inputs_length,
@@ -36,11 +40,14 @@ class DataConfig:
       seed: data seed; data shard i (one per process) reads epoch e with input_pipeline.epoch_seed(seed, e, i),
         a hash of the three (for the shuffle and seqio's random preprocessors).
       use_cached: read seqio's offline cache of the task.
+      task_feature_lengths: t5x's form of the two lengths, {'inputs': N, 'targets': M}: 'targets'
+        is sequence_length ('prefix_lm': inputs + targets), 'inputs' is inputs_length. When set,
+        sequence_length and inputs_length must be None or agree with it.
     """
 
     mixture_or_task_name: str
     split: str = "train"
-    sequence_length: int = 256
+    sequence_length: int | None = None
     inputs_length: int | None = None
     feature_converter: str | None = None
     batch_size: int = 8
@@ -48,8 +55,12 @@ class DataConfig:
     pack: bool = True
     seed: int = 0
     use_cached: bool = False
+    task_feature_lengths: Mapping[str, int] | None = None
 
     def __post_init__(self):
+        sequence_length, inputs_length = self._lengths()
+        object.__setattr__(self, "sequence_length", sequence_length)
+        object.__setattr__(self, "inputs_length", inputs_length)
         if self.feature_converter is not None and self.feature_converter not in FEATURE_CONVERTERS:
             raise ConfigValueError(f"Unknown feature_converter {self.feature_converter!r}; choose one of "
                              f"{list(FEATURE_CONVERTERS)}.")
@@ -63,6 +74,33 @@ class DataConfig:
                 f"both need some: set --gin.INPUTS_LENGTH between 1 and {self.sequence_length - 1} "
                 "(or None for half).")
 
+    def _lengths(self) -> tuple[int, int | None]:
+        """(sequence_length, inputs_length), from task_feature_lengths when it is set."""
+        lengths = self.task_feature_lengths
+        if lengths is None:
+            return (DEFAULT_SEQUENCE_LENGTH if self.sequence_length is None else self.sequence_length,
+                    self.inputs_length)
+        example = "e.g. --gin.TASK_FEATURE_LENGTHS=\"{'inputs': 512, 'targets': 128}\""
+        if (not isinstance(lengths, Mapping) or "targets" not in lengths or set(lengths) - {"inputs", "targets"}
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in lengths.values())):
+            raise ConfigValueError(f"TASK_FEATURE_LENGTHS={lengths!r} must map 'targets' (and, for encoder-decoders "
+                                   f"and prefix LMs, 'inputs') to positive lengths; {example}.")
+        inputs = lengths.get("inputs")
+        if self.feature_converter == "prefix_lm":
+            if inputs is None:
+                raise ConfigValueError(f"TASK_FEATURE_LENGTHS={dict(lengths)!r} needs 'inputs' for the 'prefix_lm' "
+                                       "feature converter (the prefix's length); " + example + ".")
+            derived = (inputs + lengths["targets"], inputs)
+        else:
+            derived = (lengths["targets"], inputs)
+        for name, macro, given, wanted in (("sequence_length", "SEQUENCE_LENGTH", self.sequence_length, derived[0]),
+                                           ("inputs_length", "INPUTS_LENGTH", self.inputs_length, derived[1])):
+            if given is not None and given != wanted:
+                raise ConfigValueError(
+                    f"TASK_FEATURE_LENGTHS={dict(lengths)!r} makes {macro} (DataConfig.{name}) {wanted}, but it is "
+                    f"set to {given}: set the lengths one way only (drop {macro}, or make the two agree).")
+        return derived
+
     def for_model_family(self, family: str) -> "DataConfig":
         """This config with the feature converter `family` needs filled in (the family's first), or checked."""
         allowed = [name for name, (_, feeds) in FEATURE_CONVERTERS.items() if feeds == family]
@@ -70,7 +108,12 @@ class DataConfig:
             raise ConfigValueError(f"The {family} model cannot read {self.split} batches from the "
                              f"{self.feature_converter!r} feature converter; set DataConfig.feature_converter "
                              f"to {' or '.join(map(repr, allowed))} (or None for {allowed[0]!r}).")
-        return dataclasses.replace(self, feature_converter=self.feature_converter or allowed[0])
+        converter = self.feature_converter or allowed[0]
+        if converter == "lm" and "inputs" in (self.task_feature_lengths or {}):
+            raise ConfigValueError(
+                f"TASK_FEATURE_LENGTHS={dict(self.task_feature_lengths)!r} has 'inputs', which a decoder-only LM does "
+                "not read: drop it, or set DataConfig.feature_converter = 'prefix_lm' to train a prefix LM.")
+        return dataclasses.replace(self, feature_converter=converter)
 
     @property
     def converter(self) -> str:
@@ -81,7 +124,7 @@ class DataConfig:
         """'prefix_lm': the positions of a decoder row the inputs may take."""
         return self.sequence_length // 2 if self.inputs_length is None else self.inputs_length
 
-    def task_feature_lengths(self) -> dict[str, int]:
+    def seqio_lengths(self) -> dict[str, int]:
         """The lengths seqio's task and feature converter are given, by task feature."""
         if self.converter == "prefix_lm":
             return {"inputs": self.prefix_length, "targets": self.sequence_length - self.prefix_length}

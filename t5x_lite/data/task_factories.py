@@ -55,7 +55,9 @@ def text_task(*, name: str, splits: dict[str, str], vocabulary: str, file_format
     Args:
       name: the seqio task name to register.
       splits: file pattern per split, for example {'train': 'data/*.train.jsonl'}.
-      vocabulary: a SentencePiece model file, or 'byte' for seqio's byte vocabulary.
+      vocabulary: a SentencePiece model file; a Hugging Face tokenizer.json, or a folder or converted
+        model directory holding one (the model's own special ids, docs/interop.md "Tokenizers"); or
+        'byte' for seqio's byte vocabulary.
       file_format: 'jsonl' or 'tfrecord'; None tells it from the file names.
       text_field: the jsonl field, or the tf.train.Example bytes feature, holding the text.
       on_bad_line: 'fail' (stop, naming the file and line) or 'skip' (skip, count and warn).

@@ -185,9 +185,14 @@ def estimate(settings: RunSettings, flags: Flags) -> dict[str, Any]:
 
     lengths = dict(targets_length=data.sequence_length, inputs_length=data.inputs_length)
     flops_token = train_flops_per_token(model, **lengths)
-    doubled = train_flops_per_token(model, targets_length=2 * data.sequence_length,
+    # The split reads how the attention term grows with the lengths, which a sliding window caps:
+    # it is taken without the window (same 6N), and the attention part is what the window leaves.
+    full = dataclasses.replace(model, sliding_window=None) if getattr(model, "sliding_window", None) else model
+    doubled = train_flops_per_token(full, targets_length=2 * data.sequence_length,
                                     inputs_length=data.inputs_length and 2 * data.inputs_length)
-    six_n, attention = estimate_math.flops_split(flops_per_token=flops_token, flops_per_token_doubled_lengths=doubled)
+    six_n, _ = estimate_math.flops_split(flops_per_token=train_flops_per_token(full, **lengths),
+                                         flops_per_token_doubled_lengths=doubled)
+    attention = flops_token - six_n
     tokens_per_step = data.batch_size * data.sequence_length
     epoch = epoch_estimate(task=settings.task, train_data=data)
     steps = estimate_math.planned_steps(train_steps=settings.train_steps, num_epochs=settings.num_epochs,
@@ -228,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # MODEL_DIR or the task may be left unset: the estimate needs neither.
         resolved = config_resolve.load_run(gin_files=files, gin_bindings=bindings, gin_search_paths=paths,
                                            entry="train", check_macros=False)
-        result = estimate(run_settings(resolved), flags)
+        chip = accelerators.get(flags.accelerator) if flags.accelerator else None
+        settings = run_settings(resolved, device_bytes=int(chip.memory_gb * 1e9) if chip else None)
+        result = estimate(settings, flags)
         print(json.dumps(result, indent=2) if flags.json else format_report(result), end="" if not flags.json else "\n")
     return 0
 

@@ -22,6 +22,7 @@ from t5x_lite.estimate.layout import logical_shards, rules_for_mesh_shape
 from t5x_lite.estimate.run_from_gin import RunSettings
 from t5x_lite.models import stack
 from t5x_lite.parallel import partitioning
+from t5x_lite.training import optim
 from t5x_lite.training import trainer as trainer_lib
 
 
@@ -46,23 +47,34 @@ def _trainer(settings: RunSettings, mesh: Any) -> Any:
                                        microbatches=settings.microbatches)
 
 
-def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int]) -> dict[str, int]:
+def optimizer_state_note(optimizer: Any) -> str:
+    """What the optimizer keeps per parameter, for the report."""
+    if isinstance(optimizer, optim.Adafactor):
+        momentum = ", a first moment per parameter" if optimizer.momentum is not None else ""
+        return f"Adafactor row and column second moments per layer matrix, full for vectors{momentum}; float32"
+    return f"{type(optimizer).__name__} mu and nu, float32, sharded like the params"
+
+
+def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int]) -> dict[str, Any]:
     """Bytes per device of parameters, optimizer state and step of the train state, by arithmetic.
 
     The state's shapes and logical partitioning come from `Trainer.abstract_state` (the same code
     the train loop uses, under jax.eval_shape: nothing is allocated) on a one-device mesh with
     the run's axis names; each array's mesh PartitionSpec is then applied to `mesh_shape`.
-    Also returns the parameter tree's element count, as a check of `num_params()`.
+    Also returns the parameter tree's element count, as a check of `num_params()`, and which
+    optimizer the state is of (`optimizer`: its name and what it keeps).
     """
     mesh = partitioning.make_mesh(axes=[(name, 1) for name in mesh_shape], devices=jax.devices()[:1])
     state = _trainer(settings, mesh).abstract_state(example_batch(settings.train_data, rows=1))
 
     def total(tree) -> int:
-        return sum(estimate_math.per_device_elements(shape=leaf.shape, shards=estimate_math.spec_shards(leaf.sharding.spec, mesh_shape))
-                   * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
+        return sum(estimate_math.per_device_elements(
+            shape=leaf.shape, shards=estimate_math.spec_shards(leaf.sharding.spec, mesh_shape)) * leaf.dtype.itemsize
+            for leaf in jax.tree.leaves(tree))
 
     return {"params": total(state.params), "optimizer_state": total(state.opt_state), "step": total(state.step),
-            "tree_params": sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state.params))}
+            "tree_params": sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state.params)),
+            "optimizer": optimizer_state_note(settings.optimizer)}
 
 
 def uses_fused_attention(model: Any, *, platform: str) -> bool:

@@ -59,7 +59,7 @@ def _memory_rows(mem: Mapping[str, Any], sequence_length: int) -> list[tuple[str
     offloaded = [("  offloaded to host", _bytes(mem["activations_host"]), "")] if mem["activations_host"] else []
     return [
         ("parameters", _bytes(mem["params"]), "float32, sharded by the logical-axis rules"),
-        ("optimizer state", _bytes(mem["optimizer_state"]), "AdamW mu and nu, float32, sharded like the params"),
+        ("optimizer state", _bytes(mem["optimizer_state"]), mem["optimizer"]),
         ("gradients", _bytes(mem["gradients"]), "float32 (x2 with microbatches: the accumulator)"),
         ("state total", _bytes(mem["state_total"]), ""),
         ("activations (rough)", _bytes(mem["activations"]),

@@ -55,8 +55,11 @@ def model_from_gin(resolved: Any, macro: str = "MODEL") -> Any:
     return model
 
 
-def run_settings(resolved: Any) -> RunSettings:
+def run_settings(resolved: Any, *, device_bytes: int | None = None) -> RunSettings:
     """The run that `t5x-lite train` would start with this resolved config (train is not called).
+
+    With no mesh file, the mesh is chosen as train chooses it for devices of `device_bytes`
+    (run_spec.with_default_mesh; None: CPU devices, which share the host's memory).
 
     Task factories are not called: registering a task imports TensorFlow and reads its data
     directory, and the estimate must work before the data exists. Their arguments say where
@@ -70,9 +73,12 @@ def run_settings(resolved: Any) -> RunSettings:
             raise ConfigValueError(f"The gin files do not bind train.{name}; compose a run file such as "
                                    "--gin_file=runs/quickstart.gin (a model file alone describes no run).")
     values = {name: resolved.build(value, defer=TASK_FACTORIES) for name, value in raw.items()}
+    if not isinstance(values.get("model_dir"), str):  # MODEL_DIR left unset: the estimate needs none
+        values["model_dir"] = None
     train_data = values["train_data"]
     task = _task_source(train_data.mixture_or_task_name)
     train_data = dataclasses.replace(train_data, mixture_or_task_name=task.name or "(unnamed task)")
     spec_fields = {f.name for f in dataclasses.fields(run_spec.RunSpec)}
-    return RunSettings(**{name: values[name] for name in spec_fields if name != "train_data"},
-                       train_data=train_data, task=task)
+    settings = RunSettings(**{name: values[name] for name in spec_fields if name != "train_data"},
+                           train_data=train_data, task=task)
+    return run_spec.with_default_mesh(settings, device_bytes=device_bytes)[0]

@@ -19,7 +19,7 @@ import jax
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup, restored_model
-from t5x_lite.data import task_access, task_modules
+from t5x_lite.data import task_access, task_modules, tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
 from t5x_lite.evaluation import perplexity as perplexity_eval
@@ -113,7 +113,7 @@ def result_path(output_dir: str, step: int) -> str:
 
 def evaluate(
     *,
-    model_dir: str,
+    model_dir: str | None,
     step: int | None = None,
     every_checkpoint: bool = False,
     wait_seconds: float = 0.0,
@@ -132,7 +132,8 @@ def evaluate(
     """Evaluates checkpoints of `model_dir`; returns {step: results} of the steps evaluated now.
 
     Args:
-      model_dir: a training run's MODEL_DIR (local, gs:// or s3://).
+      model_dir: a training run's MODEL_DIR (local, gs:// or s3://), or one step's directory
+        MODEL_DIR/checkpoints/<step> (that step is evaluated; t5x's CHECKPOINT_PATH).
       step: evaluate this step only (even if done before). None: the latest, or every
         checkpoint with `every_checkpoint`.
       every_checkpoint: evaluate every checkpoint not evaluated yet (oldest first).
@@ -159,8 +160,12 @@ def evaluate(
     tracking.check_writers(metric_writers, name="evaluate.metric_writers")
     if task_module:
         task_modules.import_task_module(task_module)
-    output_dir = output_dir or storage.join(storage.absolute(model_dir), "eval")
-    model_dir, _ = lookup.locate(model_dir)  # fails clearly when there is no checkpoint at all
+    lookup.require_model_dir(model_dir, "eval")
+    named = storage.absolute(model_dir).rstrip("/")
+    model_dir, located = lookup.locate(model_dir)  # fails clearly when there is no checkpoint at all
+    if model_dir.rstrip("/") != named and step is None and not every_checkpoint:
+        step = located  # a step directory (t5x's CHECKPOINT_PATH names one): that step
+    output_dir = output_dir or storage.join(model_dir, "eval")
     evaluators = _Evaluators(perplexity=perplexity, multiple_choice=multiple_choice, seqio_evals=seqio_evals,
                              output_dir=output_dir)
     # Every process scores its share of each batch on the mesh; process 0 writes the results.
@@ -233,7 +238,7 @@ class _Evaluators:
     def __init__(self, *, perplexity: PerplexityEval | None, multiple_choice: Sequence[MultipleChoiceEval],
                  seqio_evals: Sequence[SeqioEval], output_dir: str):
         self.perplexity = perplexity
-        self.documents = _documents(perplexity) if perplexity else None
+        self.documents, self.documents_bos = _documents(perplexity) if perplexity else (None, 0)
         self.multiple_choice = list(multiple_choice)
         for mc in self.multiple_choice:
             multiple_choice_lib.read_hellaswag(mc.path)  # a missing or malformed file fails before any checkpoint is read
@@ -253,7 +258,8 @@ class _Evaluators:
             stride = self.perplexity.stride or max(1, context // 2)
             results["perplexity"] = perplexity_eval.perplexity(
                 model=cfg, params=restored.params, documents=self.documents, context_length=min(context, cfg.max_len),
-                stride=stride, batch_size=self.perplexity.batch_size, placement=restored.placement)
+                stride=stride, batch_size=self.perplexity.batch_size, placement=restored.placement,
+                bos_id=self.documents_bos)
             r = results["perplexity"]
             _say(f"step {restored.step}: {self.perplexity.mixture_or_task_name} {self.perplexity.split} perplexity "
                    f"{r['perplexity']:.3f} (loss {r['loss']:.4f} over {int(r['tokens'])} tokens, context {context}, "
@@ -263,7 +269,8 @@ class _Evaluators:
             vocabulary = restored.vocabulary()
             results[mc.name] = score_multiple_choice_set(mc, model=cfg, params=restored.params,
                                                          encode=lambda t: list(vocabulary.encode(t)),
-                                                         placement=restored.placement)
+                                                         placement=restored.placement,
+                                                         bos_id=tokenizer_files.decoder_start_id(vocabulary))
             r = results[mc.name]
             _say(f"step {restored.step}: {mc.name} acc {r['acc']:.4f}, acc_norm {r['acc_norm']:.4f} "
                    f"({int(r['examples'])} examples)")
@@ -298,8 +305,9 @@ def _require_decoder(what: str, model: ModelConfig) -> None:
                                f"{model.family} model (use seqio_evals with a score metric instead).")
 
 
-def _documents(cfg: PerplexityEval) -> list[list[int]]:
-    """The split's `targets` token ids, one list per document, in order."""
+def _documents(cfg: PerplexityEval) -> tuple[list[list[int]], int]:
+    """The split's `targets` token ids, one list per document, in order; and the first token a
+    decoder-only model reads before them (its vocabulary's decoder start: data/tokenizer_files.py)."""
 
     task = task_access.get_task(cfg.mixture_or_task_name)
     lengths = {name: cfg.max_document_tokens for name in task.output_features}
@@ -309,15 +317,17 @@ def _documents(cfg: PerplexityEval) -> list[list[int]]:
     documents = [example["targets"].tolist() for example in dataset.as_numpy_iterator()]
     if not any(documents):
         raise TaskDataError(f"The {cfg.split} split of {cfg.mixture_or_task_name!r} is empty; nothing to score.")
-    return documents
+    return documents, tokenizer_files.decoder_start_id(task.output_features["targets"].vocabulary)
 
 
 def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, params: Any,
-                              encode: Callable[[str], list[int]], placement: Placement | None = None) -> dict[str, float]:
-    """acc / acc_norm of one multiple-choice set with these params (also run during training)."""
+                              encode: Callable[[str], list[int]], placement: Placement | None = None,
+                              bos_id: int = 0) -> dict[str, float]:
+    """acc / acc_norm of one multiple-choice set with these params (also run during training); `bos_id`:
+    the model's first token (data/tokenizer_files.py `decoder_start_id` of the vocabulary `encode` uses)."""
     examples = multiple_choice_lib.read_hellaswag(mc.path)[:mc.max_examples]
     return multiple_choice_lib.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
-                                                     batch_size=mc.batch_size, placement=placement)
+                                                     batch_size=mc.batch_size, placement=placement, bos_id=bos_id)
 
 
 def _write_results(output_dir: str, step: int, results: dict[str, Any]) -> None:

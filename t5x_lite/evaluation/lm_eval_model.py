@@ -32,6 +32,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from t5x_lite.checkpoints import restored_model
+from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.inference import decoding, predict, scoring
@@ -121,6 +122,10 @@ class T5xLiteLM(LM):
         self.vocabulary = self.restored.vocabulary()
         self.decoder_only = self.config.family == "decoder_only"
         self.eos_id = self.vocabulary.eos_id
+        # A decoder-only model's first token (a Hugging Face tokenizer's BOS, else EOS; seqio's: 0) and
+        # whether id 0 is a real token it may generate (data/tokenizer_files.py).
+        self.bos_id = tokenizer_files.decoder_start_id(self.vocabulary)
+        self.zero_is_token = tokenizer_files.zero_is_token(self.vocabulary)
         if self.eos_id is None and not self.decoder_only:
             raise LmEvalArgumentError(f"{self.restored.model_dir}'s vocabulary has no EOS id, which the inputs of an "
                                       "encoder-decoder end with.")
@@ -172,7 +177,7 @@ class T5xLiteLM(LM):
         if self.decoder_only:
             out = scoring.continuation_logprobs(model=self.config, params=self.params,
                                                 requests=[pairs[i] for i in scored], batch_size=self.args.batch_size,
-                                                placement=self.placement)
+                                                placement=self.placement, bos_id=self.bos_id)
             for i, (logprob, _, greedy) in zip(scored, out):
                 results[i] = (logprob, greedy)
             return results
@@ -227,7 +232,7 @@ class T5xLiteLM(LM):
         rows, owners = [], []
         for d, document in enumerate(documents):
             window_rows = perplexity_eval.document_rows(document, context_length=self.config.max_len,
-                                                        stride=self.config.max_len)
+                                                        stride=self.config.max_len, bos_id=self.bos_id)
             rows += window_rows
             owners += [d] * len(window_rows)
         per_document: list[list[float]] = [[] for _ in documents]
@@ -287,4 +292,5 @@ class T5xLiteLM(LM):
         self._batches_sampled += -(-len(prompts) // self.args.batch_size)
         return predict.predict(model=self.config, params=self.params, prompts=prompts, decoding_config=config,
                                eos_id=-1 if self.eos_id is None else self.eos_id, batch_size=self.args.batch_size,
-                               first_batch=first_batch, placement=self.placement)
+                               first_batch=first_batch, placement=self.placement, bos_id=self.bos_id,
+                               zero_is_token=self.zero_is_token)

@@ -117,7 +117,7 @@ def read_hellaswag(path: str) -> list[MultipleChoiceExample]:
 
 def score_multiple_choice(*, model: DecoderConfig, params: Any, examples: Sequence[MultipleChoiceExample],
                           encode: Callable[[str], list[int]], batch_size: int,
-                          placement: Placement | None = None) -> dict[str, float]:
+                          placement: Placement | None = None, bos_id: int = scoring.BOS_ID) -> dict[str, float]:
     """Accuracy of picking the most likely ending, as lm-evaluation-harness scores HellaSwag.
 
     Each ending is scored as the continuation " " + ending of the context. "acc" picks the
@@ -131,7 +131,7 @@ def score_multiple_choice(*, model: DecoderConfig, params: Any, examples: Sequen
         context = encode(example.context)
         requests.extend((context, encode(" " + ending)) for ending in example.endings)
     results = scoring.continuation_logprobs(model=model, params=params, requests=requests, batch_size=batch_size,
-                                            placement=placement)
+                                            placement=placement, bos_id=bos_id)
     correct = correct_norm = 0
     start = 0
     for example in examples:

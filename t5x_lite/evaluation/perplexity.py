@@ -46,24 +46,27 @@ def strided_windows(num_tokens: int, *, context_length: int, stride: int) -> lis
     return windows
 
 
-def _window_row(tokens: Sequence[int], window: Window) -> scoring.Row:
+def _window_row(tokens: Sequence[int], window: Window, bos_id: int = scoring.BOS_ID) -> scoring.Row:
     """A window as a scoring row. A window without context (the first one, and every one when
     stride == context_length) is predicted from BOS, as the document's start is."""
-    context = tokens[window.begin:window.score_from] or [scoring.BOS_ID]
+    context = tokens[window.begin:window.score_from] or [bos_id]
     return context, tokens[window.score_from:window.end]
 
 
-def document_rows(document: Sequence[int], *, context_length: int, stride: int) -> list[scoring.Row]:
+def document_rows(document: Sequence[int], *, context_length: int, stride: int,
+                  bos_id: int = scoring.BOS_ID) -> list[scoring.Row]:
     """The scoring rows of one document's strided windows: their log-probabilities sum to the
-    document's log-likelihood (lm_eval_model.py's `loglikelihood_rolling` scores them so)."""
+    document's log-likelihood (lm_eval_model.py's `loglikelihood_rolling` scores them so).
+    `bos_id`: the model's first token (a Hugging Face tokenizer's BOS, else EOS)."""
     tokens = list(document)
-    return [_window_row(tokens, window)
+    return [_window_row(tokens, window, bos_id)
             for window in strided_windows(len(tokens), context_length=context_length, stride=stride)]
 
 
 def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequence[int]], context_length: int,
-               stride: int, batch_size: int, placement: Placement | None = None) -> dict[str, float]:
-    """Strided perplexity of whole documents, each scored from its start (BOS).
+               stride: int, batch_size: int, placement: Placement | None = None,
+               bos_id: int = scoring.BOS_ID) -> dict[str, float]:
+    """Strided perplexity of whole documents, each scored from its start (`bos_id`).
 
     Returns the mean negative log-likelihood per scored token in nats ("loss"), its exp
     ("perplexity"), and how many tokens and windows were scored.
@@ -72,7 +75,7 @@ def perplexity(*, model: DecoderConfig, params: Any, documents: Iterable[Sequenc
         raise ValueError(f"context_length={context_length} exceeds the model's max_len={model.max_len}.")
     rows = []
     for document in documents:
-        rows.extend(document_rows(document, context_length=context_length, stride=stride))
+        rows.extend(document_rows(document, context_length=context_length, stride=stride, bos_id=bos_id))
     if not rows:
         raise EmptyEvalSetError("The eval set is empty: the documents hold no tokens to score.")
     results = scoring.score_rows(model, params, rows, batch_size, placement)

@@ -17,6 +17,7 @@ import numpy as np
 
 from t5x_lite import storage
 from t5x_lite.checkpoints.restored_model import RestoredModel
+from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import TaskDataError
 from t5x_lite.inference import predict
 from t5x_lite.tf_setup import import_tensorflow
@@ -87,7 +88,7 @@ class SeqioEvaluation:
         metrics_future, _ = self.evaluator.evaluate(
             compute_metrics=self.chief, step=restored.step,
             predict_fn=lambda ds: self._predict(restored, _numpy(ds), vocabulary=vocabulary),
-            score_fn=lambda ds: self._score(restored, _numpy(ds)),
+            score_fn=lambda ds: self._score(restored, _numpy(ds), vocabulary=vocabulary),
             predict_with_aux_fn=lambda ds: self._predict_with_aux(restored, _numpy(ds), vocabulary=vocabulary))
         return _plain(metrics_future.result() or {})
 
@@ -98,7 +99,9 @@ class SeqioEvaluation:
                                       self.decoding_config.max_decode_length) for _, example in examples]
         outputs = predict.predict(model=restored.config, params=restored.params, prompts=prompts,
                                   decoding_config=self.decoding_config, eos_id=vocabulary.eos_id,
-                                  batch_size=self.batch_size, placement=restored.placement)
+                                  batch_size=self.batch_size, placement=restored.placement,
+                                  bos_id=tokenizer_files.decoder_start_id(vocabulary),
+                                  zero_is_token=tokenizer_files.zero_is_token(vocabulary))
         return prompts, outputs
 
     def _predict(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
@@ -112,13 +115,13 @@ class SeqioEvaluation:
         prompts, outputs = self._generate(restored, examples, vocabulary=vocabulary)
         scores = predict.score(model=restored.config, params=restored.params, batch_size=self.batch_size,
                                pairs=[(p, t or [vocabulary.eos_id]) for p, t in zip(prompts, outputs)],
-                               placement=restored.placement)
+                               placement=restored.placement, bos_id=tokenizer_files.decoder_start_id(vocabulary))
         return _indexed(examples, pad_predictions(outputs, eos_id=vocabulary.eos_id)), {"scores": scores}
 
-    def _score(self, restored: RestoredModel, examples: list[tuple[int, dict]]):
+    def _score(self, restored: RestoredModel, examples: list[tuple[int, dict]], *, vocabulary: Any):
         pairs = [(example["inputs"].tolist(), example["targets"].tolist()) for _, example in examples]
         scores = predict.score(model=restored.config, params=restored.params, pairs=pairs, batch_size=self.batch_size,
-                               placement=restored.placement)
+                               placement=restored.placement, bos_id=tokenizer_files.decoder_start_id(vocabulary))
         return _indexed(examples, scores)
 
     def close(self) -> None:

@@ -7,11 +7,14 @@ Owns:
   config_json.py        config.json fields read with errors by field name (`require`, `choice`)
   rules.py              the name mapping as data: `Rule`, `Stack`, `Mapping`, `expand`
   families.py           which family module converts a config.json or a model config
-  llama.py, gpt2.py, t5.py  each family's config translation and rules
+  llama_like.py         what LLaMA, Mistral, Qwen2 and Gemma share: sizes, RoPE, the tensor mapping
+                        (q/k/v biases included), refusals of config.json fields by name
+  llama.py, mistral.py, qwen2.py, gemma.py  each LLaMA-shaped family's style and own config.json fields
+  gpt2.py, t5.py        each family's config translation and rules
   errors.py             `ConversionError`, the one bad-input error of a conversion
 
-A converted model's tokenizer.json is read by data/tokenizer_json.py (checkpoints/ needs it, and
-may not import hf/).
+A converted model's tokenizer (tokenizer.json or tokenizer.model) is read by data/hf_vocabulary.py
+(checkpoints/ needs it, and may not import hf/); to-hf writes it back (convert.py `_write_tokenizer`).
 
 Public names: `command.main` (cli.py); `convert.from_hf`, `convert.to_hf` and the family modules'
 `mapping` are used by tests and docs only.

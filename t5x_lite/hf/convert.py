@@ -25,6 +25,7 @@ import numpy as np
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.checkpoints.init_from import flatten, unflatten
+from t5x_lite.data import tokenizer_files
 from t5x_lite.hf import families, rules, safetensors_files
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.models import config_from_dict
@@ -34,6 +35,8 @@ HF_SUBDIR = "hf"  # in a converted model directory: the Hugging Face folder's no
 MODEL_GIN = "model.gin"
 # SentencePiece models as LLaMA and T5 folders name them.
 SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model")
+# The slow tokenizers' files (GPT-2's vocabulary and merges, added tokens) beside tokenizer.json.
+OTHER_TOKENIZER_FILES = ("vocab.json", "merges.txt", "added_tokens.json", "vocab.txt")
 WEIGHT_FILE = re.compile(r".*\.(safetensors|bin|pt|pth|h5|msgpack|ckpt|gguf)$|.*\.safetensors\.index\.json$")
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 OUTPUT_DTYPES = ("float32", "bfloat16", "float16")
@@ -188,8 +191,8 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
     try:
         metadata = reader.metadata(step)
         model = config_from_dict(metadata["family"], metadata["model"])
-        family = families.for_model(model)
         base = _hf_base_config(model_dir) or _token_ids(model_dir)
+        family = families.for_model(model, prefer=base.get("model_type"))
         hf_config = {**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype}
         dims = family.dims(hf_config)
         mapping = family.mapping(model)
@@ -274,21 +277,30 @@ def _tensors_from_checkpoint(steps: list[rules.Step], reader: Any, step: int, sa
 
 
 def _write_tokenizer(model_dir: str, folder: str) -> str:
-    """A converted directory's own tokenizer files (hf/), copied as they came; returns what was done.
+    """The model directory's Hugging Face files (hf/: a from-hf conversion's, or those a run trained on
+    such a tokenizer keeps) copied as they came, config.json aside; returns what was done.
 
-    A vocabulary that t5x-lite prepare trained is not written: transformers' SentencePiece-based
-    tokenizer classes assume other normalisation settings (a dummy prefix, whitespace handling)
-    and would give other token ids than the model was trained on.
+    When hf/'s tokenizer is not the model's (a run trained on a vocabulary of `t5x-lite prepare`
+    that started from a conversion: tokenizer_files.model_dir_tokenizer), its tokenizer files are
+    left out. A vocabulary that t5x-lite prepare trained is not written either: transformers'
+    SentencePiece-based tokenizer classes assume other normalisation settings (a dummy prefix,
+    whitespace handling) and would give other token ids than the model was trained on.
     """
 
     hf_dir = storage.join(model_dir, HF_SUBDIR)
-    if storage.exists(hf_dir):
-        copied = []
-        for name in storage.listdir(hf_dir):
-            name = name.rstrip("/")
-            if name != CONFIG_FILE:
-                storage.copy(storage.join(hf_dir, name), os.path.join(folder, name))
-                copied.append(name)
-        return f"Tokenizer and generation files copied from {hf_dir}: {sorted(copied)}."
-    return (f"No tokenizer written: {model_dir} has no Hugging Face tokenizer files ({HF_SUBDIR}/ of a from-hf "
-            "conversion); its SentencePiece vocabulary, if any, is vocab/spm.model.")
+    if not storage.exists(hf_dir):
+        return (f"No tokenizer written: {model_dir} has no Hugging Face tokenizer files ({HF_SUBDIR}/ of a from-hf "
+                "conversion or of a run on such a tokenizer); its SentencePiece vocabulary, if any, is "
+                "vocab/spm.model.")
+    names = [name.rstrip("/") for name in storage.listdir(hf_dir)]
+    own = tokenizer_files.model_dir_tokenizer(model_dir) is not None
+    tokenizer_names = {tokenizer_files.TOKENIZER_JSON, *tokenizer_files.SENTENCEPIECE_FILES,
+                       *tokenizer_files.TOKEN_NAME_FILES, *OTHER_TOKENIZER_FILES}
+    copied = [n for n in names if n != CONFIG_FILE and (own or n not in tokenizer_names)]
+    for name in copied:
+        storage.copy(storage.join(hf_dir, name), os.path.join(folder, name))
+    note = f"Tokenizer and generation files copied from {hf_dir}: {sorted(copied)}."
+    if not own and any(n in tokenizer_names for n in names):
+        note += (f" Its tokenizer was left out: the model's vocabulary is {model_dir}/vocab/spm.model, a "
+                 "SentencePiece model of `t5x-lite prepare`.")
+    return note

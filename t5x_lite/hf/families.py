@@ -9,10 +9,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from t5x_lite.hf import gpt2, llama, t5
+from t5x_lite.hf import gemma, gpt2, llama, mistral, qwen2, t5
 from t5x_lite.hf.errors import ConversionError
 
-FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (llama, gpt2, t5)}
+FAMILIES: dict[str, ModuleType] = {m.MODEL_TYPE: m for m in (llama, mistral, qwen2, gemma, gpt2, t5)}
 SUPPORTED = ", ".join(f"{m.MODEL_TYPE} ({m.ARCHITECTURE})" for m in FAMILIES.values())
 
 
@@ -30,12 +30,21 @@ def for_hf_config(config: dict[str, Any]) -> ModuleType:
     return family
 
 
-def for_model(model: Any) -> ModuleType:
-    """The family that can represent a t5x_lite model config; a ConversionError names the fields otherwise."""
+def for_model(model: Any, prefer: str | None = None) -> ModuleType:
+    """The family that can represent a t5x_lite model config; a ConversionError names the fields otherwise.
+
+    The first that fits of LLaMA, Mistral, Qwen2, Gemma and GPT-2 (a LLaMA-shaped model with a
+    sliding window is a Mistral, with q, k and v biases a Qwen2), unless the family whose
+    model_type is `prefer` (the config.json a model was converted from) fits too: a Mistral
+    without a window goes back as a Mistral.
+    """
     if model.family == "encoder_decoder":
         candidates = [t5]
     else:
-        candidates = [llama, gpt2]
+        candidates = [llama, mistral, qwen2, gemma, gpt2]
+    preferred = FAMILIES.get(prefer) if isinstance(prefer, str) else None
+    if preferred in candidates and not preferred.differences(model):
+        return preferred
     problems = {}
     for family in candidates:
         differences = family.differences(model)

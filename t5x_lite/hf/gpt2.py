@@ -54,7 +54,8 @@ def config_from_hf(hf: dict[str, Any], *, scan_layers: bool) -> DecoderConfig:
 
 def differences(cfg: DecoderConfig) -> list[str]:
     """The fields that keep `cfg` from being a GPT-2 (empty: it converts)."""
-    wanted = {"position_embedding": "learned", "norm": "layernorm", "use_bias": True, "tie_embeddings": True}
+    wanted = {"position_embedding": "learned", "norm": "layernorm", "use_bias": True, "tie_embeddings": True,
+              "sliding_window": None, "scale_embeddings": False}
     out = [f"{k}={getattr(cfg, k)!r} (GPT-2: {v!r})" for k, v in wanted.items() if getattr(cfg, k) != v]
     if len(cfg.mlp_activations) != 1 or cfg.mlp_activations[0] not in TO_HF_ACTIVATION:
         out.append(f"mlp_activations={cfg.mlp_activations!r} (GPT-2: one of {sorted(TO_HF_ACTIVATION)})")

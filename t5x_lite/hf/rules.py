@@ -49,6 +49,12 @@ def linear_from_heads(num_heads: int, head_dim: int) -> Transform:
                      "transposed; in split into (heads, head_dim)")
 
 
+def split_heads(num_heads: int, head_dim: int) -> Transform:
+    """A bias [heads*head_dim] <-> [heads, head_dim] (q, k, v biases of a torch Linear)."""
+    return Transform(lambda b: (b.reshape(num_heads, head_dim),), lambda b: (b.reshape(num_heads * head_dim),),
+                     "split into (heads, head_dim)")
+
+
 def split_first(num_heads: int, head_dim: int) -> Transform:
     """[heads*head_dim, embed] <-> [heads, head_dim, embed]: GPT-2's Conv1D keeps [in, out], so only a reshape."""
     return Transform(lambda w: (w.reshape(num_heads, head_dim, w.shape[-1]),),

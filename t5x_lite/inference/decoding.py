@@ -38,7 +38,9 @@ from t5x_lite.parallel import placement as placement_lib
 from t5x_lite.parallel.placement import Placement, RowResults
 
 Array = jax.Array
-PAD_ID = 0  # padding; also BOS, the first input token of both decoders
+PAD_ID = 0  # padding; also BOS, the first input token of both decoders (a decoder-only model's can be another:
+# `bos_id`, a Hugging Face tokenizer's BOS, data/tokenizer_files.py)
+STOPPED = -1  # a stopped row's later entries when id 0 is a real token of the vocabulary (`zero_is_token`)
 LENGTH_BUCKET = 8
 NEG_INF = -1.0e7  # a finite "impossible" score for beam search (as t5x): sums of it stay ordered
 
@@ -91,9 +93,13 @@ def _mask_pad(logits: Array) -> Array:
     return logits.at[..., PAD_ID].set(-jnp.inf)
 
 
-def _next_token(logits: Array, key: Array, *, temperature: float, top_k: int, top_p: float) -> Array:
-    """[batch, vocab] logits -> [batch] tokens: argmax at temperature 0, else a filtered sample."""
-    logits = _mask_pad(logits)
+def _next_token(logits: Array, key: Array, *, temperature: float, top_k: int, top_p: float,
+                zero_is_token: bool = False) -> Array:
+    """[batch, vocab] logits -> [batch] tokens: argmax at temperature 0, else a filtered sample.
+
+    Id 0 is never chosen unless it is a real token of the vocabulary (GPT-2's "!").
+    """
+    logits = logits if zero_is_token else _mask_pad(logits)
     if temperature == 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -108,8 +114,10 @@ def _sample_loop(step: Step, state: Any, logits: Array, rng: Array, limits: Arra
                  num_steps: int, sampling: dict) -> Array:
     """Samples [batch, num_steps] tokens from `logits` on; row r stops at EOS or after limits[r] tokens.
 
-    The loop ends when every row has stopped; a stopped row's later entries are PAD_ID.
+    The loop ends when every row has stopped; a stopped row's later entries are PAD_ID (STOPPED
+    when id 0 is a real token: `sampling`'s zero_is_token).
     """
+    fill = STOPPED if sampling.get("zero_is_token") else PAD_ID
 
     def cond(carry):
         i, _, _, _, _, done = carry
@@ -119,21 +127,22 @@ def _sample_loop(step: Step, state: Any, logits: Array, rng: Array, limits: Arra
         i, out, state, logits, rng, done = carry
         rng, key = jax.random.split(rng)
         token = jnp.where(done, PAD_ID, _next_token(logits, key, **sampling))
-        out = out.at[:, i].set(token)
+        out = out.at[:, i].set(jnp.where(done, fill, token))
         done = done | (token == eos_id) | (i + 1 >= limits)
         logits, state = step(state, token, i)
         return i + 1, out, state, logits, rng, done
 
-    out = jnp.full((logits.shape[0], num_steps), PAD_ID, jnp.int32)
+    out = jnp.full((logits.shape[0], num_steps), fill, jnp.int32)
     carry = (jnp.int32(0), out, state, logits, rng, limits <= 0)
     return jax.lax.while_loop(cond, body, carry)[1]
 
 
-def until_eos(tokens: Sequence[int], eos_id: int) -> list[int]:
-    """The tokens before the first EOS or padding (a stopped row's later entries are PAD_ID)."""
+def until_eos(tokens: Sequence[int], eos_id: int, *, zero_is_token: bool = False) -> list[int]:
+    """The tokens before the first EOS or padding (a stopped row's later entries are PAD_ID, or
+    STOPPED when id 0 is a real token: then 0 is kept)."""
     out = []
     for t in tokens:
-        if t in (eos_id, PAD_ID):
+        if t == eos_id or t < 0 or (t == PAD_ID and not zero_is_token):
             break
         out.append(int(t))
     return out
@@ -150,9 +159,10 @@ def _padded(items: Sequence[Any], placement: Placement) -> tuple[list[Any], list
     return list(items) + [None] * (rows - len(items)), list(range(len(items))) + [-1] * (rows - len(items))
 
 
-def sampling_settings(temperature: float, top_k: int, top_p: float) -> tuple:
-    """Sampling settings as a hashable (static) jit argument."""
-    return ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))
+def sampling_settings(temperature: float, top_k: int, top_p: float, *, zero_is_token: bool = False) -> tuple:
+    """Sampling settings as a hashable (static) jit argument; `zero_is_token`: id 0 may be generated."""
+    settings = ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))
+    return settings + ((("zero_is_token", True),) if zero_is_token else ())
 
 
 # ---------------------------------------------------------------------------- decoder-only
@@ -197,23 +207,27 @@ def _lm_generate(config: DecoderConfig, params: Any, tokens: Array, pad: Array, 
 
 
 def lm_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Sequence[int] | None], max_new_tokens: int,
-             rng: Array, sampling: tuple, eos_id: int, use_cache: bool, placement: Placement) -> Array | np.ndarray:
+             rng: Array, sampling: tuple, eos_id: int, use_cache: bool, placement: Placement,
+             bos_id: int = PAD_ID) -> Array | np.ndarray:
     """[rows, width] new tokens of one batch of prompts (None: a padding row, which generates nothing).
 
     Row r's tokens stop at its EOS, after `max_new_tokens`, or when BOS + prompt + new tokens
-    fill `model.max_len`; PAD_ID follows. The rows are split over the placement's batch axes.
+    fill `model.max_len`; PAD_ID follows (STOPPED with `sampling`'s zero_is_token). The rows are
+    split over the placement's batch axes. `bos_id` is the first token the model reads.
     """
-    lengths = [len(p) + 1 if p is not None else 1 for p in prompts]  # the model reads [BOS=0, t1, t2, ...]
+    lengths = [len(p) + 1 if p is not None else 1 for p in prompts]  # the model reads [BOS, t1, t2, ...]
     limits = [max(0, min(max_new_tokens, model.max_len - n)) if p is not None else 0
               for p, n in zip(prompts, lengths)]
     if max(limits) == 0:
-        return np.zeros((len(prompts), 1), np.int32)
+        return np.full((len(prompts), 1), STOPPED if dict(sampling).get("zero_is_token") else PAD_ID, np.int32)
     prompt_slots = _bucket(max(lengths))
     tokens = np.full((len(prompts), _bucket(prompt_slots + max(limits))), PAD_ID, np.int32)
     pad = np.asarray([prompt_slots - n for n in lengths], np.int32)
     for row, prompt in enumerate(prompts):
+        if prompt is not None:
+            tokens[row, prompt_slots - len(prompt) - 1] = bos_id  # BOS sits just before the prompt
         if prompt:
-            tokens[row, prompt_slots - len(prompt):prompt_slots] = prompt  # BOS (= PAD_ID) sits just before
+            tokens[row, prompt_slots - len(prompt):prompt_slots] = prompt
     with placement.context():
         return _lm_generate(_for_decoding(model), params, placement.put(tokens), placement.put(pad),
                             placement.put(np.asarray(limits, np.int32)), placement.replicated(rng),
@@ -230,12 +244,15 @@ def check_lm_prompts(model: DecoderConfig, prompts: Sequence[Sequence[int]]) -> 
 
 def generate_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                    rng: Array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_id: int = 1,
-                   use_cache: bool = True, placement: Placement | None = None) -> list[list[int]]:
+                   use_cache: bool = True, placement: Placement | None = None, bos_id: int = PAD_ID,
+                   zero_is_token: bool = False) -> list[list[int]]:
     """Continues each prompt of a decoder-only LM; returns only the new tokens, EOS excluded.
 
     Each row stops at its own EOS, after `max_new_tokens`, or when BOS + prompt + new tokens
     fill `model.max_len`. temperature 0 is greedy; otherwise top-k / top-p sampling. An empty
     prompt continues from BOS alone. All prompts form one batch (padded to the batch shards).
+    `bos_id` is the model's first token and `zero_is_token` lets id 0 be generated: a Hugging
+    Face tokenizer's (data/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
     """
     if not prompts:
         return []
@@ -243,10 +260,12 @@ def generate_batch(*, model: DecoderConfig, params: Any, prompts: Sequence[Seque
     placement = placement or placement_lib.of_params(params)
     rows, ids = _padded(prompts, placement)
     out = lm_batch(model=model, params=params, prompts=rows, max_new_tokens=max_new_tokens, rng=rng, eos_id=eos_id,
-                   sampling=sampling_settings(temperature, top_k, top_p), use_cache=use_cache, placement=placement)
-    results = RowResults(placement, total=len(prompts), width=max(1, max_new_tokens), dtype=np.int32, fill=PAD_ID)
+                   sampling=sampling_settings(temperature, top_k, top_p, zero_is_token=zero_is_token),
+                   use_cache=use_cache, placement=placement, bos_id=bos_id)
+    results = RowResults(placement, total=len(prompts), width=max(1, max_new_tokens), dtype=np.int32,
+                         fill=STOPPED if zero_is_token else PAD_ID)
     results.add(ids, out)
-    return [until_eos(row, eos_id) for row in results.gather()]
+    return [until_eos(row, eos_id, zero_is_token=zero_is_token) for row in results.gather()]
 
 
 def generate(*, model: nn.Module | DecoderConfig, params: Any, prompt: Sequence[int], max_new_tokens: int,

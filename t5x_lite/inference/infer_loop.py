@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+import os
+from typing import Any, Mapping, Sequence
 
 import jax
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import restored_model
-from t5x_lite.data import task_access, task_modules
+from t5x_lite.checkpoints import lookup, restored_model
+from t5x_lite.data import task_access, task_modules, tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.inference import predict
 from t5x_lite.models import ModelConfig
@@ -101,8 +102,9 @@ def task_prompts(mixture_or_task_name: str, split: str) -> tuple[list[Prompt], A
 
 def infer(
     *,
-    model_dir: str,
-    output: str,
+    model_dir: str | None,
+    output: str | None = None,
+    output_dir: str | None = None,
     prompts_file: str | None = None,
     prompt_field: str = "prompt",
     mixture_or_task_name: str | None = None,
@@ -111,6 +113,7 @@ def infer(
     chunk_size: int = 64,
     batch_size: int = 8,
     decoding: predict.DecodingConfig = predict.DecodingConfig(),
+    task_feature_lengths: Mapping[str, int] | None = None,
     shard_index: int | None = None,
     num_shards: int | None = None,
     model: ModelConfig | None = None,
@@ -123,6 +126,8 @@ def infer(
     Args:
       model_dir: a training run's MODEL_DIR (or a step directory MODEL_DIR/checkpoints/<step>).
       output: the jsonl file to write (local, gs:// or s3://).
+      output_dir: instead of `output`, a directory (t5x's INFER_OUTPUT_DIR): the file is
+        OUTPUT_DIR/<task name or prompts file's name>.jsonl.
       prompts_file: a jsonl file of prompts (one JSON object per line); its lines are copied
         to the output with an "output" field added.
       prompt_field: the field of each line that holds the prompt text.
@@ -133,6 +138,8 @@ def infer(
       chunk_size: prompts per chunk file, the unit of resumption and of sharding.
       batch_size: prompts per decoding call.
       decoding: how to generate (predict.DecodingConfig).
+      task_feature_lengths: t5x's TASK_FEATURE_LENGTHS; its 'targets' sets the decoding's
+        max_decode_length (its 'inputs' is the model's to check, as for every prompt).
       shard_index: this process's shard (None: jax.process_index()).
       num_shards: how many shards share the prompts (None: jax.process_count()).
       model: a model config to check the checkpoint against (None: the checkpoint's own).
@@ -141,11 +148,24 @@ def infer(
         file's MESH_AXES); None: data parallel when the model fits on one device, else FSDP.
       logical_axis_rules: the rule table (LOGICAL_AXIS_RULES); None: partitioning.DEFAULT_RULES.
     """
+    lookup.require_model_dir(model_dir, "infer")
+    if (output is None) == (output_dir is None):
+        raise ConfigValueError("Set exactly one of OUTPUT (infer.output, the jsonl file to write) and "
+                               "INFER_OUTPUT_DIR (infer.output_dir, a directory for it).")
     if (prompts_file is None) == (mixture_or_task_name is None):
         raise ConfigValueError("Set exactly one of infer.prompts_file (a jsonl of prompts) and "
                                "infer.mixture_or_task_name (a task whose inputs are the prompts).")
     if chunk_size < 1 or batch_size < 1:
         raise ConfigValueError(f"chunk_size={chunk_size} and batch_size={batch_size} must be at least 1.")
+    if task_feature_lengths is not None:
+        targets = (task_feature_lengths or {}).get("targets") if isinstance(task_feature_lengths, Mapping) else None
+        if not (isinstance(targets, int) and targets > 0):
+            raise ConfigValueError(f"TASK_FEATURE_LENGTHS={task_feature_lengths!r} needs a positive 'targets' "
+                                   "length (the longest output decoded), e.g. {'inputs': 512, 'targets': 128}.")
+        decoding = dataclasses.replace(decoding, max_decode_length=targets)
+    if output is None:
+        name = mixture_or_task_name or os.path.splitext(os.path.basename(prompts_file.rstrip("/")))[0]
+        output = storage.join(output_dir, f"{name}.jsonl")
     shard_index, num_shards = _shard(shard_index, num_shards)
     if task_module:
         task_modules.import_task_module(task_module)
@@ -207,7 +227,9 @@ def _infer_chunk(restored: restored_model.RestoredModel, prompts: Sequence[Promp
     # The batch's number in the whole run seeds its sampling, so a resumed run samples the same.
     outputs = predict.predict(model=restored.config, params=restored.params, prompts=[p.tokens for p in prompts],
                               decoding_config=decoding, eos_id=vocabulary.eos_id, batch_size=batch_size,
-                              first_batch=first_batch, placement=restored.placement)
+                              first_batch=first_batch, placement=restored.placement,
+                              bos_id=tokenizer_files.decoder_start_id(vocabulary),
+                              zero_is_token=tokenizer_files.zero_is_token(vocabulary))
     return [json.dumps({**p.record, "output": vocabulary.decode(tokens)}, ensure_ascii=False) + "\n"
             for p, tokens in zip(prompts, outputs)]
 

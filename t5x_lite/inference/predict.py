@@ -83,12 +83,15 @@ def fit_prompt(model: ModelConfig, prompt: Sequence[int], max_new_tokens: int) -
 
 def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], decoding_config: DecodingConfig,
             eos_id: int, batch_size: int | None = None, first_batch: int = 0,
-            placement: Placement | None = None) -> list[list[int]]:
+            placement: Placement | None = None, bos_id: int = decoding.PAD_ID,
+            zero_is_token: bool = False) -> list[list[int]]:
     """Generated token ids per prompt (EOS excluded), on every process.
 
     Prompts go `batch_size` at a time (all at once when None) through the placement's mesh,
     each batch's rows split over its devices and processes; every process keeps its own rows
     and they are combined once at the end. Batch b samples with fold_in(seed, first_batch + b).
+    A decoder-only model reads `bos_id` first and may generate id 0 when `zero_is_token` (a
+    Hugging Face tokenizer's: data/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
     """
     cfg = decoding_config
     if model.family == "decoder_only" and cfg.method == "beam":
@@ -99,17 +102,19 @@ def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]]
     if model.family == "decoder_only":
         decoding.check_lm_prompts(model, prompts)
     placement = placement or placement_lib.of_params(params)
+    zero_is_token = zero_is_token and model.family == "decoder_only"
     sampling = decoding.sampling_settings(
         temperature=cfg.temperature if cfg.method == "sample" else 0.0, top_k=cfg.top_k if cfg.method == "sample" else 0,
-        top_p=cfg.top_p if cfg.method == "sample" else 1.0)
+        top_p=cfg.top_p if cfg.method == "sample" else 1.0, zero_is_token=zero_is_token)
     tokens = RowResults(placement, total=len(prompts), width=cfg.max_decode_length, dtype=np.int32,
-                        fill=decoding.PAD_ID)
+                        fill=decoding.STOPPED if zero_is_token else decoding.PAD_ID)
     for b, ids in enumerate(placement_lib.batch_schedule(len(prompts), batch_size or len(prompts), placement)):
         rows = [prompts[i] if i >= 0 else None for i in ids]
         rng = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), first_batch + b)
         if model.family == "decoder_only":
             out = decoding.lm_batch(model=model, params=params, prompts=rows, max_new_tokens=cfg.max_decode_length,
-                                    rng=rng, sampling=sampling, eos_id=eos_id, use_cache=True, placement=placement)
+                                    rng=rng, sampling=sampling, eos_id=eos_id, use_cache=True, placement=placement,
+                                    bos_id=bos_id)
         elif cfg.method == "beam":
             out, _ = decoding.beam_batch(model=model, params=params, inputs=rows,
                                          max_decode_length=cfg.max_decode_length, beam_size=cfg.beam_size,
@@ -119,15 +124,16 @@ def predict(*, model: ModelConfig, params: Any, prompts: Sequence[Sequence[int]]
                                          max_decode_length=cfg.max_decode_length, rng=rng, sampling=sampling,
                                          eos_id=eos_id, use_cache=True, placement=placement)
         tokens.add(ids, out)
-    return [decoding.until_eos(row, eos_id) for row in tokens.gather()]
+    return [decoding.until_eos(row, eos_id, zero_is_token=zero_is_token) for row in tokens.gather()]
 
 
 def score(*, model: ModelConfig, params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
-          batch_size: int, placement: Placement | None = None) -> list[float]:
-    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs, on every process."""
+          batch_size: int, placement: Placement | None = None, bos_id: int = scoring.BOS_ID) -> list[float]:
+    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs, on every process
+    (a decoder-only model reads `bos_id` first)."""
     if model.family == "decoder_only":
         results = scoring.continuation_logprobs(model=model, params=params, requests=pairs, batch_size=batch_size,
-                                                placement=placement)
+                                                placement=placement, bos_id=bos_id)
         return [logprob for logprob, _, _ in results]
     placement = placement or placement_lib.of_params(params)
     sums = RowResults(placement, total=len(pairs), width=1, dtype=np.float32)

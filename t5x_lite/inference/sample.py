@@ -18,6 +18,7 @@ import jax
 
 from t5x_lite import errors
 from t5x_lite.checkpoints import restored_model
+from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding
 from t5x_lite.models import ModelConfig
@@ -36,7 +37,8 @@ def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: S
     encoded = [list(vocabulary.encode(p.rstrip(" "))) for p in prompts]
     tokens = decoding.generate_batch(
         model=model, params=params, prompts=encoded, max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed),
-        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id, placement=placement)
+        temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id, placement=placement,
+        bos_id=tokenizer_files.decoder_start_id(vocabulary), zero_is_token=tokenizer_files.zero_is_token(vocabulary))
     return [vocabulary.decode(prompt + new) for prompt, new in zip(encoded, tokens)]
 
 

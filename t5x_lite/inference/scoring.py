@@ -7,8 +7,9 @@ accuracies) is plain Python and numpy; the one model call is `_score_batch`, jit
 model config static. With a `Placement`, each batch's rows are split over its mesh (every
 process and device scores its own) and the per-row results are combined once, at the end.
 
-Input convention (decoder_only.Decoder): the model sees [BOS=0, t1, t2, ...] and the logits at
-position i predict token i+1.
+Input convention (decoder_only.Decoder): the model sees [BOS, t1, t2, ...] and the logits at
+position i predict token i+1. BOS is 0 (seqio's vocabularies) or, given as `bos_id`, a Hugging
+Face tokenizer's BOS (else EOS). Padding is told by the weights, never by token id 0.
 """
 
 from __future__ import annotations
@@ -122,14 +123,17 @@ def score_rows(model: DecoderConfig, params: Any, rows: Sequence[Row], batch_siz
 
 def continuation_logprobs(*, model: DecoderConfig, params: Any,
                           requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-                          batch_size: int, placement: Placement | None = None) -> list[LogLikelihood]:
+                          batch_size: int, placement: Placement | None = None,
+                          bos_id: int = BOS_ID) -> list[LogLikelihood]:
     """lm-evaluation-harness's `loglikelihood` for (context_ids, continuation_ids) requests.
 
     For each request, in the input order: the summed log-probability of the continuation
     given [BOS] + context, its token count, and whether every continuation token is the
-    model's argmax. Context tokens beyond max_len are dropped from the left.
+    model's argmax. Context tokens beyond max_len are dropped from the left. `bos_id`: the
+    model's first token (a Hugging Face tokenizer's BOS, else EOS: data/tokenizer_files.py).
+    Every continuation token is scored, id 0 included (rows carry weights, not padding ids).
     """
-    rows = [([BOS_ID, *context], continuation) for context, continuation in requests]
+    rows = [([bos_id, *context], continuation) for context, continuation in requests]
     return score_rows(model, params, rows, batch_size, placement)
 
 

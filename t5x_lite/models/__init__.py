@@ -1,11 +1,12 @@
 """Models: Flax linen model families, their building blocks and their losses.
 
 Owns:
-  decoder_only.py        `DecoderConfig` and `Decoder`: the LLaMA-style or GPT-2-style LM
+  decoder_only.py        `DecoderConfig` and `Decoder`: the LLaMA-style or GPT-2-style LM, with the
+                         options of Mistral (sliding window), Qwen2 (q/k/v biases) and Gemma
   encoder_decoder.py     `T5Config` and `EncoderDecoder`: T5 v1.1
   config_base.py         what both config dataclasses share: dtype, validation helpers, a dict form
-  layers.py              masks, RoPE, relative position buckets, norms, `Embed`, `Dense`, attention,
-                         MLP; every parameter named by logical axes
+  layers.py              masks (sliding windows too), RoPE, relative position buckets, norms, `Embed`,
+                         `Dense`, attention, MLP; every parameter named by logical axes
   explicit_attention.py  softmax attention with a written-out backward pass ('explicit', CPU)
   projection.py          every dense layer's dot, with a written-out backward pass
   stack.py               layer stacking (`scan_with_axes` or a loop) and remat policies by name

@@ -1,16 +1,21 @@
-"""Decoder-only language model, LLaMA style or GPT-2 style.
+"""Decoder-only language model, LLaMA style or GPT-2 style, with the options of Mistral, Qwen2 and Gemma.
 
 LLaMA style (the default): RoPE, RMSNorm, SwiGLU, grouped-query attention, untied output.
 GPT-2 style (gin/models/gpt2_*.gin): learned positions, LayerNorm, GELU MLP, biases, tied
-embeddings. Both are pre-norm. Read top to bottom: config, one block, the model.
+embeddings. Mistral adds a sliding attention window, Qwen2 biases on q, k and v, Gemma a
+gated GELU, RMSNorm scaled by (1 + scale) and embeddings scaled by sqrt(emb_dim)
+(gin/models/mistral_*.gin, qwen2_*.gin, gemma_*.gin). All are pre-norm. Read top to bottom:
+config, one block, the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from t5x_lite.errors import ConfigValueError
@@ -44,7 +49,8 @@ class DecoderConfig(ModelConfigBase):
       remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
       rope_max_wavelength: RoPE base (position_embedding='rope' only).
       position_embedding: 'rope' (rotary, LLaMA) or 'learned' (a table of max_len rows, GPT-2).
-      norm: 'rmsnorm' (LLaMA) or 'layernorm' (GPT-2, with bias).
+      norm: 'rmsnorm' (LLaMA), 'layernorm' (GPT-2, with bias) or 'rmsnorm_plus_one' (Gemma: RMSNorm
+        whose zero-initialised scale multiplies as 1 + scale).
       norm_epsilon: added to the variance in every norm; None is the norm's usual value
         (RMSNorm 1e-6, LayerNorm 1e-5). Converted Hugging Face models carry their own.
       mlp_activations: ('silu', 'linear') is SwiGLU; ('gelu',) is GPT-2's MLP.
@@ -53,6 +59,12 @@ class DecoderConfig(ModelConfigBase):
       attention_implementation: 'auto' (cuDNN flash attention on GPUs in bfloat16/float16,
         'explicit' on CPU, XLA otherwise), 'xla', 'cudnn' or 'explicit' (the XLA math with a
         written-out backward pass, models/explicit_attention.py).
+      sliding_window: each position attends only to the last `sliding_window` positions, itself
+        included, in training and in cached decoding (Mistral); None: every earlier position.
+      qkv_bias: biases in the query, key and value projections only (Qwen2); `use_bias` puts
+        them in every projection.
+      scale_embeddings: multiply the token embeddings by sqrt(emb_dim), rounded to the compute
+        dtype (Gemma).
     """
 
     vocab_size: int = 4096
@@ -75,6 +87,9 @@ class DecoderConfig(ModelConfigBase):
     use_bias: bool = False
     tie_embeddings: bool = False
     attention_implementation: str = "auto"
+    sliding_window: int | None = None
+    qkv_bias: bool = False
+    scale_embeddings: bool = False
 
     family = "decoder_only"
 
@@ -87,6 +102,9 @@ class DecoderConfig(ModelConfigBase):
         check_choice("position_embedding", self.position_embedding, POSITION_KINDS)
         check_choice("norm", self.norm, tuple(layers.NORMS))
         check_choice("attention_implementation", self.attention_implementation, layers.ATTENTION_IMPLEMENTATIONS)
+        window = self.sliding_window
+        if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
+            raise ConfigValueError(f"DecoderConfig.sliding_window={window!r} must be a positive integer or None.")
 
     def make_module(self) -> nn.Module:
         return Decoder(self)
@@ -100,9 +118,9 @@ class DecoderConfig(ModelConfigBase):
         """Parameter count from the sizes alone (checked against the real tree in tests)."""
         d, h, kv, hd, m, v = (self.emb_dim, self.num_heads, self.num_kv_heads,
                               self.head_dim, self.mlp_dim, self.vocab_size)
-        bias = int(self.use_bias)
+        bias, qkv_bias = int(self.use_bias), int(self.use_bias or self.qkv_bias)
         norm = 2 * d if self.norm == "layernorm" else d
-        attention = d * hd * (2 * h + 2 * kv) + bias * (hd * (h + 2 * kv) + d)
+        attention = d * hd * (2 * h + 2 * kv) + qkv_bias * hd * (h + 2 * kv) + bias * d
         mlp = len(self.mlp_activations) * (d * m + bias * m) + m * d + bias * d
         block = attention + mlp + 2 * norm
         logits = 0 if self.tie_embeddings else v * d + bias * v
@@ -112,12 +130,14 @@ class DecoderConfig(ModelConfigBase):
         """Training FLOPs per token: 6 x (matmul params, the output projection included) + attention.
 
         The attention term is 12 * layers * heads * head_dim * seq_len (forward QK^T and AV,
-        times three for the backward pass), as in the PaLM appendix.
+        times three for the backward pass), as in the PaLM appendix; with a sliding window a
+        token attends to at most `sliding_window` positions, which replaces seq_len when shorter.
         """
         matmul_params = self.num_params() - self.num_embedding_params()
         if self.tie_embeddings:
             matmul_params += self.vocab_size * self.emb_dim
-        attention = 12 * self.num_layers * self.num_heads * self.head_dim * seq_len
+        attended = seq_len if self.sliding_window is None else min(seq_len, self.sliding_window)
+        attention = 12 * self.num_layers * self.num_heads * self.head_dim * attended
         return 6.0 * matmul_params + attention
 
 
@@ -145,6 +165,7 @@ class DecoderBlock(nn.Module):
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,
                              use_rope=cfg.position_embedding == "rope",
                              rope_max_wavelength=cfg.rope_max_wavelength, use_bias=cfg.use_bias,
+                             qkv_bias=cfg.qkv_bias, sliding_window=cfg.sliding_window,
                              is_causal=self.is_causal, implementation=implementation,
                              kv_cache="append" if self.decode else "none",
                              name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
@@ -210,6 +231,9 @@ class Decoder(nn.Module):
         embed = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV if gpt2_init else 1.0,
                              name="token_embed")
         x = embed(tokens)
+        if cfg.scale_embeddings:
+            # sqrt(emb_dim) as a float32, then rounded to the compute dtype (as Gemma computes it).
+            x = x * jnp.asarray(np.float32(math.sqrt(cfg.emb_dim)), dtype)
         if cfg.position_embedding == "learned":
             x = x + layers.Embed(cfg.max_len, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV / 2,
                                  axes=("positions", "embed"), name="position_embed")(positions)

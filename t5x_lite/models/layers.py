@@ -70,6 +70,16 @@ def make_bidirectional_mask(q_segment_ids: Array, kv_segment_ids: Array) -> Arra
     return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
 
 
+def sliding_window_mask(q_slots: Array, kv_len: int, window: int) -> Array:
+    """[q_len, kv_len] bool: the query in slot i may see key slot j when i - j < window (itself and
+    the window - 1 slots before it); whether later slots are seen is left to the causal mask.
+
+    Slots are indices in the row (or the KV cache); with packing or left padding, within one
+    segment their differences equal the differences of positions.
+    """
+    return (q_slots[:, None] - jnp.arange(kv_len)[None, :]) < window
+
+
 def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> Array:
     """T5's bucketing of (key position - query position) into `num_buckets` integer buckets.
@@ -123,15 +133,23 @@ ACTIVATIONS = {
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square layer norm with a learned scale and no bias (T5 / LLaMA)."""
+    """Root-mean-square layer norm with a learned scale and no bias (T5 / LLaMA).
+
+    `plus_one` (Gemma): the stored scale starts at zero and the output is multiplied by
+    (1 + scale), all in float32.
+    """
 
     epsilon: float = 1e-6
     dtype: DType = jnp.float32
+    plus_one: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         features = x.shape[-1]
-        scale = param_with_axes("scale", nn.initializers.ones, (features,), jnp.float32, axes=("embed",))
+        init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
+        scale = param_with_axes("scale", init, (features,), jnp.float32, axes=("embed",))
+        if self.plus_one:
+            scale = 1.0 + scale
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
         return (normed * scale).astype(self.dtype)
@@ -154,7 +172,7 @@ class LayerNorm(nn.Module):
         return (normed * scale + bias).astype(self.dtype)
 
 
-NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm}
+NORMS = {"rmsnorm": RMSNorm, "layernorm": LayerNorm, "rmsnorm_plus_one": functools.partial(RMSNorm, plus_one=True)}
 
 
 def norm_class(kind: str, epsilon: float | None = None) -> Any:
@@ -269,6 +287,9 @@ class Attention(nn.Module):
 
     Attributes:
       use_rope: rotate q and k by their positions (LLaMA); off for learned or relative positions.
+      use_bias: biases in every projection (GPT-2); `qkv_bias`: in the q, k and v projections only (Qwen2).
+      sliding_window: causal self-attention sees only the last `sliding_window` positions, itself
+        included (Mistral); None sees every earlier position. Holds in training and in the cache.
       fold_scale_into_query: T5's convention: no 1/sqrt(head_dim) at run time; the query
         kernel's initialisation is scaled down by that factor instead.
       is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
@@ -294,6 +315,8 @@ class Attention(nn.Module):
     is_causal: bool = False
     implementation: str | None = None
     kv_cache: str = "none"
+    qkv_bias: bool = False
+    sliding_window: int | None = None
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array | None, mask: Array | None, *,
@@ -305,7 +328,8 @@ class Attention(nn.Module):
         if self.fold_scale_into_query:
             query_init = nn.initializers.variance_scaling(1.0 / self.head_dim, "fan_in", "truncated_normal")
         project = lambda heads, axes, name, init=default_kernel_init: Dense(  # noqa: E731
-            (heads, self.head_dim), axes, self.dtype, kernel_init=init, use_bias=self.use_bias, name=name)
+            (heads, self.head_dim), axes, self.dtype, kernel_init=init, use_bias=self.use_bias or self.qkv_bias,
+            name=name)
         q = project(self.num_heads, ("embed", "heads", "kv"), "query", query_init)(inputs_q)
         if inputs_kv is None:  # a 'fixed' cache: the k/v an earlier call stored
             k, v = self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")
@@ -328,13 +352,20 @@ class Attention(nn.Module):
         elif self.kv_cache == "fixed" and inputs_kv is not None:
             _cache_variable(self, "cached_key", k).value = k
             _cache_variable(self, "cached_value", v).value = v
+        window = {}
+        if self.sliding_window is not None and self.kv_cache != "append":  # the cache applies its own
+            if is_causal and self.implementation != "explicit":
+                window = {"local_window_size": (self.sliding_window - 1, 0)}  # cuDNN: its sliding-window kernel
+            else:
+                visible = sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)[None, None]
+                mask = visible if mask is None else mask & visible
         scale = 1.0 if self.fold_scale_into_query else None
         if self.implementation == "explicit":
             out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                                            is_causal=is_causal)
         else:
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
-                                               implementation=self.implementation)
+                                               implementation=self.implementation, **window)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)
@@ -355,9 +386,14 @@ class Attention(nn.Module):
         cached_value.value = jax.lax.dynamic_update_slice_in_dim(cached_value.value,
                                                                  v.astype(cached_value.value.dtype), start, axis=1)
         index.value = start + new
-        # New token i sits in slot start + i and sees the slots up to its own.
+        # New token i sits in slot start + i and sees the slots up to its own (the last
+        # sliding_window of them, with a window).
         slots = jnp.arange(cached_key.value.shape[1])
-        visible = (slots[None, :] <= start + jnp.arange(new)[:, None])[None, None]
+        q_slots = start + jnp.arange(new)
+        visible = slots[None, :] <= q_slots[:, None]
+        if self.sliding_window is not None:
+            visible = visible & sliding_window_mask(q_slots, slots.size, self.sliding_window)
+        visible = visible[None, None]
         mask = visible if mask is None else mask & visible
         if bias is not None:
             if bias.shape[-2:] != (slots.size, slots.size):

@@ -13,7 +13,11 @@ Owns:
   hooks.py       what happens beside stepping: `StepMetrics` (reports, the NaN/Inf check),
                  `EpochLog`, `Evaluation`, `Samples`, `Checkpoints`
   trainer.py     `TrainState`, `LossConfig`, `Trainer`: sharded init, jitted train and eval steps
-  optim.py       `OptimizerConfig`: AdamW, warmup + cosine schedule, clipping, weight-decay mask
+  optim.py       the optimizers chosen in gin, `AdamW` and `Adafactor` (clipping, weight-decay
+                 mask), and the logical PartitionSpecs of their states
+  adafactor.py   `optax.adafactor` per layer of each parameter, factored by logical axes (t5x's rules)
+  schedules.py   learning-rate schedules: pure functions of the step and their gin classes
+                 (`WarmupCosine`, `WarmupLinear`, `RsqrtDecay`, `Constant`, `WarmupStableDecay`)
   periods.py     every N steps or N epochs (`eval_period`, `checkpoint_period`)
   validation.py  the validation loss, and pipeline errors turned into messages that name the fix
   reporting.py   what the loop prints: window summaries, epoch stats, the initial-loss check
@@ -21,7 +25,7 @@ Owns:
                  the first step `StartupSignals`: SIGTERM/SIGINT stop at once (75/130), one line
   profiling.py   `train.profile_steps`: a jax.profiler trace of chosen steps
 
-Public names: `loop.train`; `optim.OptimizerConfig`; `trainer.LossConfig`, `trainer.Trainer`,
+Public names: `loop.train`; `optim.AdamW`, `optim.Adafactor`, `optim.SCHEDULES` (schedules.py); `trainer.LossConfig`, `trainer.Trainer`,
 `trainer.compiled_memory_bytes`; `run_spec.RunSpec`, `run_spec.check_layout`;
 `run_values.check_values`; `preemption.Preempted`, `preemption.StoppedBySignal`,
 `preemption.StartupSignals`, `preemption.EXIT_PREEMPTED`, `preemption.EXIT_INTERRUPTED` (train.py).

@@ -155,11 +155,11 @@ class Evaluation(Hook):
     def __init__(self, *, writer: MetricsWriter, trainer: Trainer, data: DataConfig, period: Period,
                  train_steps: int | None, max_batches: int | None, model: ModelConfig,
                  multiple_choice: Sequence[eval_loop.MultipleChoiceEval], encode: Callable[[str], list[int]],
-                 samples: Samples, placement: Placement):
+                 samples: Samples, placement: Placement, bos_id: int = 0):
         self.writer, self.trainer, self.data, self.period, self.max_batches = writer, trainer, data, period, max_batches
         self.train_steps = train_steps
         self.model, self.multiple_choice, self.encode, self.samples = model, multiple_choice, encode, samples
-        self.placement = placement
+        self.placement, self.bos_id = placement, bos_id  # bos_id: the model's first token (multiple choice)
         self.last: dict[str, float] = {}
         self.evaluated_at: int | None = None
 
@@ -179,7 +179,7 @@ class Evaluation(Hook):
                           f"{self.last['perplexity']:.2f} ({int(self.last['tokens'])} tokens)")
         for mc in self.multiple_choice:
             scores = eval_loop.score_multiple_choice_set(mc, model=self.model, params=params, encode=self.encode,
-                                                         placement=self.placement)
+                                                         placement=self.placement, bos_id=self.bos_id)
             self.writer.scalars(mc.name, step, scores)
             self.writer.print(f"step {step}: {mc.name} acc {scores['acc']:.4f}, acc_norm {scores['acc_norm']:.4f} "
                               f"({int(scores['examples'])} examples)")

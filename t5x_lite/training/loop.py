@@ -18,17 +18,17 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints.retention import RetentionPolicy
-from t5x_lite.data import input_pipeline, task_access, task_modules
+from t5x_lite.data import input_pipeline, task_access, task_modules, tokenizer_files
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.evaluation import eval_loop
 from t5x_lite.metrics import tracking
 from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
 from t5x_lite.models import ModelConfig, stack, train_flops_per_token
 from t5x_lite.parallel import distributed, partitioning
-from t5x_lite.parallel.placement import Placement
+from t5x_lite.parallel.placement import Placement, device_memory_bytes
 from t5x_lite.training import hooks, profiling, reporting, run_spec, run_values, startup
 from t5x_lite.training import trainer as trainer_lib
-from t5x_lite.training.optim import OptimizerConfig
+from t5x_lite.training.optim import Adafactor, AdamW
 from t5x_lite.training.periods import parse_period
 from t5x_lite.training.preemption import Preempted, PreemptionWatcher
 from t5x_lite.training.run_spec import DEFAULT_MESH_AXES, RunSpec
@@ -42,10 +42,10 @@ def train(
     model: ModelConfig,
     train_data: task_access.DataConfig,
     eval_data: task_access.DataConfig | None = None,
-    optimizer: OptimizerConfig = OptimizerConfig(),
+    optimizer: AdamW | Adafactor = AdamW(),
     loss: trainer_lib.LossConfig = trainer_lib.LossConfig(),
-    mesh_axes: Sequence[tuple[str, int]] = DEFAULT_MESH_AXES,
-    logical_axis_rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES,
+    mesh_axes: Sequence[tuple[str, int]] | None = DEFAULT_MESH_AXES,
+    logical_axis_rules: partitioning.LogicalRules | None = partitioning.DEFAULT_RULES,
     train_steps: int | None = None,
     num_epochs: int | None = None,
     microbatches: int = 1,
@@ -76,10 +76,12 @@ def train(
       model: the model's family, sizes and switches (a DecoderConfig or T5Config).
       train_data: the task, split, sequence length and batching of training.
       eval_data: the same for the validation loss at each evaluation (None: no evaluation).
-      optimizer: AdamW + schedule + clipping settings.
+      optimizer: @AdamW() or @Adafactor(), each with its learning-rate schedule (docs/optimizers.md).
       loss: z-loss and label smoothing.
-      mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices).
-      logical_axis_rules: (logical axis, mesh axis / tuple of mesh axes / None) pairs.
+      mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices). None: data
+        parallel when the params and optimizer state fit one device, else FSDP (no mesh file).
+      logical_axis_rules: (logical axis, mesh axis / tuple of mesh axes / None) pairs; None:
+        partitioning.DEFAULT_RULES.
       train_steps: stop after this many optimizer steps (None: no step limit).
       num_epochs: stop at the end of this many passes over the train split (None: no limit).
       microbatches: split each batch into this many microbatches and accumulate gradients.
@@ -132,8 +134,9 @@ def train(
     run_values.check_model_dir(model_dir)  # a directory we can write (local) or reach (s3://, gs://)
     if task_module:
         task_modules.import_task_module(task_module)
-    mesh = partitioning.make_mesh(axes=mesh_axes)
-    rules = partitioning.rules_for_mesh(logical_axis_rules, mesh)
+    spec, mesh_note = run_spec.with_default_mesh(spec, device_bytes=device_memory_bytes(jax.local_devices()[0]))
+    mesh = partitioning.make_mesh(axes=spec.mesh_axes)
+    rules = partitioning.rules_for_mesh(spec.logical_axis_rules, mesh)
     run_spec.check_layout(spec, batch_shards=partitioning.num_batch_shards(mesh, rules),
                           num_processes=jax.process_count())
     stack.check_backend_supports(model.remat_policy)
@@ -165,7 +168,7 @@ def train(
             checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0, enabled=distributed.is_chief(),
             progress_bar=progress_bar, writers=metric_writers, model_dir=model_dir, config_text=config_text,
             stopped_by=(Preempted,)))
-        startup.describe_run(writer, spec, mesh, data)
+        startup.describe_run(writer, spec, mesh, data, mesh_note=mesh_note)
         start = startup.restore_or_initialise(spec=spec, trainer=trainer, checkpointer=checkpointer,
                                               iterator=data.iterator, metadata=metadata, config_text=config_text,
                                               init_from=init_from, seed=seed, writer=writer,
@@ -188,7 +191,8 @@ def train(
         evaluation = None if eval_data is None else hooks.Evaluation(
             writer=writer, trainer=trainer, data=spec.eval_data, period=eval_every, train_steps=train_steps,
             max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
-            encode=lambda text: list(vocabulary.encode(text)), samples=samples, placement=placement)
+            encode=lambda text: list(vocabulary.encode(text)), samples=samples, placement=placement,
+            bos_id=tokenizer_files.decoder_start_id(vocabulary))
         checkpoints = hooks.Checkpoints(
             writer=writer, checkpointer=checkpointer, period=checkpoint_every,
             dropout_rng=start.dropout_rng, iterator=data.iterator, metadata=metadata, config_text=config_text,

@@ -1,28 +1,33 @@
-"""Optax optimizer and learning-rate schedule, built from explicit keyword arguments."""
+"""The optimizers a run chooses in gin (`train.optimizer = @AdamW()` or `@Adafactor()`).
+
+Each takes its learning-rate schedule as a gin-bound object (`AdamW.learning_rate =
+@WarmupCosine()`, schedules.py) and an optional global-norm gradient clipping. `build(total_steps,
+logical_axes)` gives the optax transformation of a run (Adafactor needs the params' logical
+axes: its factoring and its per-layer statistics follow them, see adafactor.py), `schedule` the
+learning rate the run reports, `check` every bad value by its gin name. `state_logical_specs`
+gives the optimizer state's logical PartitionSpecs, for the trainer's shardings.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
 
-
-def warmup_cosine_schedule(
-    step: jax.Array | int, *, peak_learning_rate: float, warmup_steps: int, decay_steps: int,
-    final_learning_rate_fraction: float = 0.1,
-) -> jax.Array:
-    """Linear warmup from 0 to the peak, then cosine decay to `final_learning_rate_fraction * peak`.
-
-    `decay_steps` counts from the end of the warmup; past it the rate stays at the final value.
-    """
-    step = jnp.asarray(step, jnp.float32)
-    warmup = peak_learning_rate * step / max(warmup_steps, 1)
-    progress = jnp.clip((step - warmup_steps) / max(decay_steps, 1), 0.0, 1.0)
-    final = final_learning_rate_fraction * peak_learning_rate
-    cosine = final + 0.5 * (peak_learning_rate - final) * (1.0 + jnp.cos(jnp.pi * progress))
-    return jnp.where(step < warmup_steps, warmup, cosine)
+from t5x_lite.training import adafactor
+from t5x_lite.training.schedules import (  # noqa: F401 (the schedules, importable from here too)
+    SCHEDULES,
+    Constant,
+    Problems,
+    RsqrtDecay,
+    WarmupCosine,
+    WarmupLinear,
+    WarmupStableDecay,
+    warmup_cosine_schedule,
+)
 
 
 def weight_decay_mask(params):
@@ -32,43 +37,156 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
+def _clipped(tx: optax.GradientTransformation, clip_grad_norm: float | None) -> optax.GradientTransformation:
+    """`tx` after global-norm clipping of the gradients (none when `clip_grad_norm` is 0 or None)."""
+    return optax.chain(optax.clip_by_global_norm(clip_grad_norm), tx) if clip_grad_norm else tx
+
+
+def _check_schedule(problems: Problems, name: str, schedule: Any) -> None:
+    if isinstance(schedule, SCHEDULES):
+        schedule.check(problems)
+    else:
+        problems.add(f"{name}.learning_rate", schedule, "must be a schedule: " + ", ".join(
+            f"@{cls.__name__}()" for cls in SCHEDULES))
+
+
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """AdamW with warmup + cosine decay and global-norm clipping (bound in gin/runs/*.gin).
+class AdamW:
+    """AdamW with a learning-rate schedule and global-norm clipping (bound in gin/runs/pretrain.gin).
 
     Attributes:
-      peak_learning_rate: learning rate at the end of warmup.
-      warmup_steps: steps of linear warmup from 0.
-      decay_steps: steps of cosine decay after warmup; None decays over the rest of the run.
-      final_learning_rate_fraction: the final rate as a fraction of the peak.
-      b1, b2, eps: Adam moments' decay rates and epsilon.
+      learning_rate: the schedule, e.g. @WarmupCosine() (the default: its own defaults).
+      b1: Adam's first-moment decay rate.
+      b2: Adam's second-moment decay rate.
+      eps: Adam's epsilon.
       weight_decay: decoupled weight decay, applied to matrices only (not norms' scales).
-      clip_grad_norm: clip gradients to this global norm; 0 disables clipping.
+      clip_grad_norm: clip gradients to this global norm; 0 or None disables clipping.
     """
 
-    peak_learning_rate: float = 3e-3
-    warmup_steps: int = 100
-    decay_steps: int | None = None
-    final_learning_rate_fraction: float = 0.1
+    learning_rate: Any = WarmupCosine()
     b1: float = 0.9
     b2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1
-    clip_grad_norm: float = 1.0
+    clip_grad_norm: float | None = 1.0
 
     def schedule(self, total_steps: int) -> optax.Schedule:
-        decay = self.decay_steps if self.decay_steps is not None else max(total_steps - self.warmup_steps, 1)
-        return lambda step: warmup_cosine_schedule(
-            step, peak_learning_rate=self.peak_learning_rate, warmup_steps=self.warmup_steps,
-            decay_steps=decay, final_learning_rate_fraction=self.final_learning_rate_fraction,
-        )
+        """The learning rate of a run of `total_steps` optimizer steps."""
+        return self.learning_rate.build(total_steps)
 
-    def build(self, total_steps: int) -> optax.GradientTransformation:
-        """The optax transformation for a run of `total_steps` optimizer steps."""
-        adamw = optax.adamw(
-            self.schedule(total_steps), b1=self.b1, b2=self.b2, eps=self.eps,
-            weight_decay=self.weight_decay, mask=weight_decay_mask,
-        )
-        if self.clip_grad_norm:
-            return optax.chain(optax.clip_by_global_norm(self.clip_grad_norm), adamw)
-        return adamw
+    def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
+        """The optax transformation for a run of `total_steps` optimizer steps (`logical_axes` unused)."""
+        del logical_axes
+        adamw = optax.adamw(self.schedule(total_steps), b1=self.b1, b2=self.b2, eps=self.eps,
+                            weight_decay=self.weight_decay, mask=weight_decay_mask)
+        return _clipped(adamw, self.clip_grad_norm)
+
+    def check(self, problems: Problems) -> None:
+        """Adds each bad value, named as gin binds it, to `problems`."""
+        _check_schedule(problems, "AdamW", self.learning_rate)
+        problems.number("AdamW.b1", self.b1, low=0, high=1, high_open=True)
+        problems.number("AdamW.b2", self.b2, low=0, high=1, high_open=True)
+        problems.number("AdamW.eps", self.eps, low=0, low_open=True)
+        problems.number("AdamW.weight_decay", self.weight_decay, low=0)
+        problems.number("AdamW.clip_grad_norm", self.clip_grad_norm, low=0, optional=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Adafactor:
+    """Adafactor as t5x trains T5: factored second moments, no momentum, update clipping, steps
+    relative to each parameter's scale (`optax.adafactor`, applied per layer: adafactor.py).
+
+    Defaults are t5x's: decay_rate 0.8, clipping_threshold 1.0, multiply_by_parameter_scale, no
+    momentum, epsilon1 1e-30 (`eps`; the parameter-scale floor is optax's 1e-3, t5x's epsilon2),
+    min_dim_size_to_factor 128, no weight decay, and the rsqrt schedule
+    (gin/optimizers/adafactor_t5.gin writes the recipe out).
+
+    Attributes:
+      learning_rate: the schedule, e.g. @RsqrtDecay() (the default: t5x's base 1.0, 10,000 warmup steps).
+      decay_rate: exponent of the second-moment decay, 1 - (step + 1)^-decay_rate.
+      step_offset: steps subtracted from the step in that decay (to restart it when fine-tuning).
+      clipping_threshold: clip each layer's update to this RMS; None disables it.
+      multiply_by_parameter_scale: scale each layer's update by the RMS of its parameter (at least 1e-3).
+      momentum: first-moment decay rate (t5x's beta1); None keeps no first moment.
+      weight_decay: decoupled weight decay on matrices only (not norms' scales); 0 disables it.
+      eps: added to the squared gradients (t5x's epsilon1).
+      factored: factor the second moments of matrices; False keeps a full second moment everywhere.
+      min_dim_size_to_factor: factor a matrix only when both its sides have at least this many elements.
+      clip_grad_norm: clip gradients to this global norm first; 0 or None disables it (t5x's default).
+    """
+
+    learning_rate: Any = RsqrtDecay()
+    decay_rate: float = 0.8
+    step_offset: int = 0
+    clipping_threshold: float | None = 1.0
+    multiply_by_parameter_scale: bool = True
+    momentum: float | None = None
+    weight_decay: float = 0.0
+    eps: float = 1e-30
+    factored: bool = True
+    min_dim_size_to_factor: int = 128
+    clip_grad_norm: float | None = None
+
+    def schedule(self, total_steps: int) -> optax.Schedule:
+        """The learning rate of a run of `total_steps` optimizer steps."""
+        return self.learning_rate.build(total_steps)
+
+    def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
+        """The optax transformation for a run of `total_steps` steps on params with these
+        `logical_axes` (their tree of logical PartitionSpecs, e.g. placement.params_abstract's)."""
+        if logical_axes is None:
+            raise ValueError("Adafactor.build needs the params' logical axes: it factors and scales each "
+                             "layer's matrix by them (Trainer.for_run passes them).")
+        tx = adafactor.layerwise_adafactor(
+            logical_axes, learning_rate=self.schedule(total_steps), decay_rate=self.decay_rate,
+            step_offset=self.step_offset, clipping_threshold=self.clipping_threshold,
+            multiply_by_parameter_scale=self.multiply_by_parameter_scale, momentum=self.momentum,
+            weight_decay=self.weight_decay, weight_decay_mask=weight_decay_mask, eps=self.eps,
+            factored=self.factored, min_dim_size_to_factor=self.min_dim_size_to_factor)
+        return _clipped(tx, self.clip_grad_norm)
+
+    def check(self, problems: Problems) -> None:
+        """Adds each bad value, named as gin binds it, to `problems`."""
+        _check_schedule(problems, "Adafactor", self.learning_rate)
+        problems.number("Adafactor.decay_rate", self.decay_rate, low=0)
+        problems.integer("Adafactor.step_offset", self.step_offset, minimum=0)
+        problems.number("Adafactor.clipping_threshold", self.clipping_threshold, low=0, low_open=True, optional=True)
+        problems.boolean("Adafactor.multiply_by_parameter_scale", self.multiply_by_parameter_scale)
+        problems.number("Adafactor.momentum", self.momentum, low=0, high=1, high_open=True, optional=True)
+        problems.number("Adafactor.weight_decay", self.weight_decay, low=0)
+        problems.number("Adafactor.eps", self.eps, low=0, low_open=True)
+        problems.boolean("Adafactor.factored", self.factored)
+        problems.integer("Adafactor.min_dim_size_to_factor", self.min_dim_size_to_factor)
+        problems.number("Adafactor.clip_grad_norm", self.clip_grad_norm, low=0, optional=True)
+
+
+OPTIMIZERS = (AdamW, Adafactor)
+
+
+def check_optimizer(problems: Problems, optimizer: Any) -> None:
+    """Adds each bad value of `train.optimizer` (and of its schedule) to `problems`."""
+    if isinstance(optimizer, OPTIMIZERS):
+        optimizer.check(problems)
+    else:
+        problems.add("train.optimizer", optimizer, "must be " + " or ".join(f"@{c.__name__}()" for c in OPTIMIZERS))
+
+
+def state_logical_specs(optimizer: optax.GradientTransformation, opt_state: Any, params: Any,
+                        param_specs: Any) -> Any:
+    """The logical PartitionSpec of every array of an optimizer state (shapes, e.g. from eval_shape).
+
+    Adafactor's per-layer states get theirs from adafactor.state_specs (their factored statistics
+    are not shaped like the params); elsewhere every copy of the params' tree in the state (Adam's
+    moments) is split like the params, and everything else (counters) is replicated.
+    """
+    def is_layerwise(x):
+        return isinstance(x, adafactor.LayerwiseState)
+
+    if any(is_layerwise(x) for x in jax.tree.leaves(opt_state, is_leaf=is_layerwise)):
+        return jax.tree.map(lambda x: adafactor.state_specs(x, params, param_specs) if is_layerwise(x)
+                            else PartitionSpec(), opt_state, is_leaf=is_layerwise)
+    return optax.tree_map_params(
+        optimizer, lambda _, spec: spec, opt_state, param_specs,
+        transform_non_params=lambda _: PartitionSpec(),
+        is_leaf=lambda x: isinstance(x, PartitionSpec),
+    )

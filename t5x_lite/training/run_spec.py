@@ -12,11 +12,13 @@ import dataclasses
 import json
 from typing import Any, Sequence
 
+import jax
+
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import RunConfigError
 from t5x_lite.models import ModelConfig
-from t5x_lite.parallel import partitioning
-from t5x_lite.training.optim import OptimizerConfig
+from t5x_lite.parallel import partitioning, placement
+from t5x_lite.training.optim import Adafactor, AdamW
 from t5x_lite.training.trainer import LossConfig
 
 DEFAULT_MESH_AXES = (("data", -1), ("fsdp", 1), ("tensor", 1))
@@ -32,10 +34,10 @@ class RunSpec:
     model: ModelConfig
     train_data: DataConfig
     eval_data: DataConfig | None = None
-    optimizer: OptimizerConfig = OptimizerConfig()
+    optimizer: AdamW | Adafactor = AdamW()
     loss: LossConfig = LossConfig()
-    mesh_axes: Sequence[tuple[str, int]] = DEFAULT_MESH_AXES
-    logical_axis_rules: partitioning.LogicalRules = partitioning.DEFAULT_RULES
+    mesh_axes: Sequence[tuple[str, int]] | None = DEFAULT_MESH_AXES  # None: with_default_mesh chooses
+    logical_axis_rules: partitioning.LogicalRules | None = partitioning.DEFAULT_RULES
     train_steps: int | None = None
     num_epochs: int | None = None
     microbatches: int = 1
@@ -43,11 +45,33 @@ class RunSpec:
     model_dir: Any = None
 
     def __post_init__(self):
+        if self.logical_axis_rules is None:  # no mesh file (config/macro_defaults.py)
+            object.__setattr__(self, "logical_axis_rules", partitioning.DEFAULT_RULES)
         # The data configs as the model family reads them (encoder-decoder: inputs and targets).
         family = self.model.family
         object.__setattr__(self, "train_data", self.train_data.for_model_family(family))
         if self.eval_data is not None:
             object.__setattr__(self, "eval_data", self.eval_data.for_model_family(family))
+
+
+def with_default_mesh(spec: RunSpec, *, device_bytes: int | None) -> tuple[RunSpec, str | None]:
+    """`spec` with its mesh chosen when the config gave none (MESH_AXES None), and why; else as it is.
+
+    Data parallel when the float32 params and optimizer state take at most
+    placement.FITS_FRACTION of one device's `device_bytes` (None: a CPU, whose devices share the
+    host's memory, always fits), else FSDP: t5x's default is data parallel too, but a model
+    too large for it should not fail for want of a mesh file.
+    """
+    if spec.mesh_axes is not None:
+        return spec, None
+    params, logical_axes = placement.params_abstract(spec.model)
+    optimizer_state = jax.eval_shape(spec.optimizer.build(1, logical_axes=logical_axes).init, params)
+    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, optimizer_state)))
+    axes = placement.choose_mesh_axes(param_bytes=state_bytes, device_bytes=device_bytes)
+    kind = "data parallel" if axes == placement.DATA_PARALLEL_AXES else "FSDP"
+    room = ("the devices share the host's memory" if device_bytes is None else
+            f"{state_bytes / 1e9:.2f} GB of params and optimizer state vs {device_bytes / 1e9:.1f} GB per device")
+    return dataclasses.replace(spec, mesh_axes=axes), f"{kind}, chosen as no mesh file was given ({room})"
 
 
 def check_layout(spec: RunSpec, *, batch_shards: int, num_processes: int = 1) -> None:
@@ -72,15 +96,21 @@ def check_layout(spec: RunSpec, *, batch_shards: int, num_processes: int = 1) ->
                              f"= {spec.microbatches} x {batch_shards}.")
 
 
+def max_model_vocab_size(vocab_size: int) -> int:
+    """The largest embedding a vocabulary of `vocab_size` may have: padded to a multiple of 128,
+    or by up to 1% (published models pad their tokenizer's ids so: Qwen2's 151,665 to 151,936)."""
+    return max(-(-vocab_size // 128) * 128, vocab_size + vocab_size // 100)
+
+
 def check_vocabulary(model: ModelConfig, vocab_size: int) -> None:
-    """The model's vocab_size must hold the task's vocabulary, padded to at most a multiple of 128."""
-    padded = -(-vocab_size // 128) * 128
-    if not vocab_size <= model.vocab_size <= padded:
+    """The model's vocab_size must hold the task's vocabulary, padded by at most max_model_vocab_size."""
+    largest = max_model_vocab_size(vocab_size)
+    if not vocab_size <= model.vocab_size <= largest:
         name = type(model).__name__
         raise RunConfigError(
             f"The task's vocabulary has {vocab_size} entries but {name}.vocab_size="
             f"{model.vocab_size}; set --gin.{name}.vocab_size={vocab_size} (or up to "
-            f"{padded}, padded to a multiple of 128).")
+            f"{largest}: padded to a multiple of 128, or by up to 1%).")
 
 
 def checkpoint_metadata(spec: RunSpec, *, vocab_size: int) -> dict:

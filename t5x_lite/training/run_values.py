@@ -18,6 +18,7 @@ from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.metrics import tracking
 from t5x_lite.parallel import partitioning
+from t5x_lite.training import optim
 from t5x_lite.training.periods import parse_period
 
 
@@ -151,18 +152,6 @@ def _check_data(problems: Problems, scope: str, cfg: Any, *, train: Any = None) 
             check(f"{name}.{field}", value)
 
 
-def _check_optimizer(problems: Problems, opt: Any) -> None:
-    problems.number("OptimizerConfig.peak_learning_rate", opt.peak_learning_rate, low=0, low_open=True)
-    problems.integer("OptimizerConfig.warmup_steps", opt.warmup_steps, minimum=0)
-    problems.integer("OptimizerConfig.decay_steps", opt.decay_steps, optional=True)
-    problems.number("OptimizerConfig.final_learning_rate_fraction", opt.final_learning_rate_fraction, low=0, high=1)
-    problems.number("OptimizerConfig.b1", opt.b1, low=0, high=1, high_open=True)
-    problems.number("OptimizerConfig.b2", opt.b2, low=0, high=1, high_open=True)
-    problems.number("OptimizerConfig.eps", opt.eps, low=0, low_open=True)
-    problems.number("OptimizerConfig.weight_decay", opt.weight_decay, low=0)
-    problems.number("OptimizerConfig.clip_grad_norm", opt.clip_grad_norm, low=0, optional=True)
-
-
 def _sample_prompt(problems: Problems, value: Any) -> None:
     prompts = [value] if isinstance(value, str) else value
     if value is not None and not (isinstance(prompts, (list, tuple)) and all(isinstance(p, str) for p in prompts)):
@@ -201,12 +190,13 @@ def check_values(spec: Any, **settings: Any) -> None:
     problems.integer("train.microbatches", spec.microbatches)
     problems.number("train.peak_flops_per_device", spec.peak_flops_per_device, low=0, low_open=True, optional=True)
     problems.text("MODEL_DIR", spec.model_dir, optional=True)
-    _check_mesh_axes(problems, spec.mesh_axes)
+    if spec.mesh_axes is not None:  # None: chosen by run_spec.with_default_mesh
+        _check_mesh_axes(problems, spec.mesh_axes)
     _check_rules(problems, spec.logical_axis_rules)
     _check_data(problems, "train", spec.train_data)
     if spec.eval_data is not None:
         _check_data(problems, "eval", spec.eval_data, train=spec.train_data)
-    _check_optimizer(problems, spec.optimizer)
+    optim.check_optimizer(problems, spec.optimizer)  # the optimizer's values and its schedule's
     problems.number("LossConfig.z_loss", spec.loss.z_loss, low=0)
     problems.number("LossConfig.label_smoothing", spec.loss.label_smoothing, low=0, high=1, high_open=True)
     for name, value in settings.items():

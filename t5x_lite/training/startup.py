@@ -21,7 +21,7 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints import lease as lease_lib
-from t5x_lite.data import input_pipeline, task_access
+from t5x_lite.data import hf_vocabulary, input_pipeline, task_access
 from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.parallel import partitioning
@@ -109,13 +109,15 @@ def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -
     return TrainData(iterator=iterator, steps_per_epoch=steps_per_epoch, num_shards=num_shards, host_batch=host_batch)
 
 
-def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData) -> None:
-    """The start-up lines: the model and mesh, and (when planned) the epochs."""
+def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData, *,
+                 mesh_note: str | None = None) -> None:
+    """The start-up lines: the model and mesh (and why, when it was chosen), and (when planned) the epochs."""
     model = spec.model
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
                  f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
-                 + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""))
+                 + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
+                 + (f": {mesh_note}" if mesh_note else ""))
     if data.steps_per_epoch:
         writer.print(f"data: {data.steps_per_epoch} steps per epoch of {spec.train_data.mixture_or_task_name!r} "
                      f"(epoch 0, counted; later epochs are counted as they start), "
@@ -124,14 +126,17 @@ def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainDat
 
 
 def write_run_files(work_dir: str, *, config_text: str, train_data: task_access.DataConfig) -> None:
-    """config.gin and vocab/ of the run (in an s3 run's staging directory: uploaded with checkpoints)."""
+    """config.gin and vocab/ of the run, and hf/ for a Hugging Face tokenizer (in an s3 run's staging
+    directory: uploaded with checkpoints)."""
     task = task_access.get_task(train_data.mixture_or_task_name)
-    vocabulary_file = getattr(task.output_features["targets"].vocabulary, "sentencepiece_model_file", None)
+    vocabulary = task.output_features["targets"].vocabulary
+    vocabulary_file = getattr(vocabulary, "sentencepiece_model_file", None)
     storage.makedirs(work_dir)
     storage.write_whole(storage.join(work_dir, "config.gin"), config_text)
     if vocabulary_file:
         storage.makedirs(storage.join(work_dir, "vocab"))
         storage.copy(vocabulary_file, storage.join(work_dir, "vocab", "spm.model"))
+    hf_vocabulary.write_model_dir_files(vocabulary, work_dir)  # what sample, eval, infer and to-hf read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +171,8 @@ def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: chec
         state = _initial_state(trainer, example, model_dir=model_dir, seed=seed, init_from=init_from, writer=writer)
         # Only now, with the starting state built (init_from's parameters mapped), is anything written.
         if is_chief:
+            if init_from is not None:  # its tokenizer and config.json (hf/ of a from-hf conversion)
+                init_from_lib.copy_hf_files(init_from, checkpointer.work_dir, log=writer.print)
             write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
         return StartingPoint(state=state, dropout_rng=dropout_rng, restored_step=None)
     # Only now, with the saved state accepted, does this run's config replace the old one.

@@ -23,7 +23,8 @@ from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from t5x_lite.models import losses
-from t5x_lite.parallel import partitioning
+from t5x_lite.parallel import partitioning, placement
+from t5x_lite.training import optim
 
 Batch = dict[str, jax.Array]
 
@@ -89,8 +90,9 @@ class Trainer:
     def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, mesh: Mesh, rules: partitioning.LogicalRules,
                 loss: LossConfig = LossConfig(), microbatches: int = 1) -> "Trainer":
         """The trainer of a run: the model config's module (a DecoderConfig or T5Config) and the
-        OptimizerConfig's transformation and schedule built for `total_steps`."""
-        return cls(model=model.make_module(), optimizer=optimizer.build(total_steps),
+        optimizer's (AdamW or Adafactor) transformation and schedule built for `total_steps`."""
+        logical_axes = placement.params_abstract(model)[1]
+        return cls(model=model.make_module(), optimizer=optimizer.build(total_steps, logical_axes=logical_axes),
                    learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh, rules=rules, loss_config=loss,
                    microbatches=microbatches)
 
@@ -121,11 +123,9 @@ class Trainer:
         param_specs = partitioning.params_logical_axes(variables["params_axes"])
         params = variables["params"]
         opt_state = jax.eval_shape(self.optimizer.init, params)
-        opt_specs = optax.tree_map_params(
-            self.optimizer, lambda _, spec: spec, opt_state, param_specs,
-            transform_non_params=lambda _: PartitionSpec(),
-            is_leaf=lambda x: isinstance(x, PartitionSpec),
-        )
+        # Adam's moments are split like the params; Adafactor's factored statistics (shaped unlike
+        # the params) by the axis of the side they describe, its counters replicated.
+        opt_specs = optim.state_logical_specs(self.optimizer, opt_state, params, param_specs)
         specs = TrainState(step=PartitionSpec(), params=param_specs, opt_state=opt_specs)
         self.state_shardings = partitioning.tree_shardings(specs, self.mesh, self.rules)
         shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params, opt_state=opt_state)

@@ -16,7 +16,7 @@ from tests.cli_helpers import TINY_MODEL, losses, start_cli, train
 STEPS = 10
 # Dropout on, so that the saved RNG key matters; warmup and decay, so that the schedule does.
 COMMON = [f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.checkpoint_period=2", "--gin.train.log_period=1",
-          "--gin.OptimizerConfig.warmup_steps=3", f"--gin.OptimizerConfig.decay_steps={STEPS}",
+          "--gin.WarmupCosine.warmup_steps=3", f"--gin.WarmupCosine.decay_steps={STEPS}",
           "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_batches=1"]
 EXIT_PREEMPTED = 75
 
@@ -77,8 +77,8 @@ def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
 
 def test_nan_loss_stops_before_a_checkpoint_of_it(data_dir, tmp_path):
     result = train(data_dir, tmp_path / "nan", "--gin.TRAIN_STEPS=12", "--gin.train.checkpoint_period=3",
-                   "--gin.train.log_period=100", "--gin.OptimizerConfig.peak_learning_rate=1e12",
-                   "--gin.OptimizerConfig.warmup_steps=0", "--gin.OptimizerConfig.clip_grad_norm=None")
+                   "--gin.train.log_period=100", "--gin.WarmupCosine.peak_learning_rate=1e12",
+                   "--gin.WarmupCosine.warmup_steps=0", "--gin.AdamW.clip_grad_norm=None")
     assert result.returncode == 2, result.stdout[-2000:]
     message = re.search(r"error: The loss or gradients became NaN/Inf at step (\d+).*", result.stderr)
     assert message, result.stderr[-2000:]

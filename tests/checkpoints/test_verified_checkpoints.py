@@ -18,7 +18,7 @@ from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import info as checkpoint_info
 from t5x_lite.checkpoints import lookup, manifest, restored_model, verify
 from t5x_lite.checkpoints.retention import RetentionPolicy
-from tests.cli_helpers import run_cli
+from tests.cli_helpers import run_cli, run_cli_in_process
 
 
 def _state(value: float) -> dict:
@@ -260,7 +260,7 @@ def test_commands_fall_back_from_a_damaged_latest_step_and_refuse_a_named_one(tr
     assert info.returncode == 0, info.stderr[-2000:]
     assert f"checkpoint: {copy} step {good}" in info.stdout and f"step {bad}: damaged" in info.stdout
 
-    named = run_cli("checkpoint", "info", str(copy), f"--step={bad}")
+    named = run_cli_in_process("checkpoint", "info", str(copy), f"--step={bad}")  # refused up front
     assert named.returncode == 2 and "Traceback" not in named.stderr
     assert f"error: the checkpoint at step {bad}" in named.stderr and "damaged" in named.stderr
 
@@ -285,7 +285,7 @@ def test_verify_exits_zero_on_a_whole_directory_and_two_on_a_missing_one(trained
     result = run_cli("checkpoint", "verify", str(run))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "none damaged or incomplete" in result.stdout
-    missing = run_cli("checkpoint", "verify", str(tmp_path / "nothing"))
+    missing = run_cli_in_process("checkpoint", "verify", str(tmp_path / "nothing"))  # refused up front
     assert missing.returncode == 2 and "error: no checkpoint in" in missing.stderr and "Traceback" not in missing.stderr
 
 

@@ -1,4 +1,8 @@
-"""Bad input: one clear message naming the problem and the fix, exit 2, nothing touched."""
+"""Bad input: one clear message naming the problem and the fix, exit 2, nothing touched.
+
+What a run refuses before any work is checked through the CLI's `main` in this process
+(`train_in_process`); what needs a real process (start-up output, signals, the device count
+a user gets, errors met while reading data) runs the CLI in a subprocess."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import TINY_MODEL, run_cli, start_cli, train
+from tests.cli_helpers import TINY_MODEL, run_cli, start_cli, train, train_in_process
 
 # What TensorFlow printed on every start of a CPU machine, whatever TF_CPP_MIN_LOG_LEVEL said.
 STARTUP_NOISE = ("Could not find cuda drivers", "failed call to cuInit",
@@ -52,14 +56,14 @@ def assert_untouched(model_dir: Path, digest: dict[str, str], config_mtime: int)
 
 
 def test_missing_data_dir(tmp_path):
-    result = train(tmp_path / "nowhere", tmp_path / "run", "--gin.TRAIN_STEPS=2")
+    result = train_in_process(tmp_path / "nowhere", tmp_path / "run", "--gin.TRAIN_STEPS=2")
     assert_bad_input(result, "has no metadata.json", "t5x-lite prepare")
     assert not (tmp_path / "run").exists()
 
 
 def test_empty_data_dir(tmp_path):
     (tmp_path / "empty").mkdir()
-    result = train(tmp_path / "empty", tmp_path / "run", "--gin.TRAIN_STEPS=2")
+    result = train_in_process(tmp_path / "empty", tmp_path / "run", "--gin.TRAIN_STEPS=2")
     assert_bad_input(result, "has no metadata.json", "t5x-lite prepare")
 
 
@@ -71,24 +75,24 @@ def test_vocabulary_size_disagrees_with_model(data_dir, tmp_path):
 
 
 def test_unknown_gin_binding_suggests_the_name(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.DecoderConfig.num_layer=2")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.DecoderConfig.num_layer=2")
     assert_bad_input(result, "num_layer", "Did you mean num_layers")
 
 
 def test_unknown_configurable_suggests_the_name(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.DecoderConfg.num_layers=2")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.DecoderConfg.num_layers=2")
     assert_bad_input(result, "DecoderConfg", "Did you mean DecoderConfig")
 
 
 def test_gin_syntax_error_names_file_and_line(data_dir, tmp_path):
     bad = tmp_path / "bad.gin"
     bad.write_text("TRAIN_STEPS = 3\nDecoderConfig.num_layers = = 2\n")
-    result = train(data_dir, tmp_path / "run", f"--gin_file={bad}")
+    result = train_in_process(data_dir, tmp_path / "run", f"--gin_file={bad}")
     assert_bad_input(result, "bad.gin, line 2")
 
 
 def test_sequence_length_that_does_not_fit(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.SEQUENCE_LENGTH=128")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.SEQUENCE_LENGTH=128")
     assert_bad_input(result, "sequence_length=128", "max_len=64")
 
 
@@ -102,13 +106,13 @@ def test_model_dir_with_a_different_model_is_left_untouched(data_dir, trained_ru
     assert tree_digest(model_dir) == before
     # The same model with another optimizer state (no clipping): refused when the state is read,
     # and the directory's config.gin still describes the run whose checkpoints it holds.
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.OptimizerConfig.clip_grad_norm=None")
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.AdamW.clip_grad_norm=None")
     assert_bad_input(result, "Nothing was changed")
     assert tree_digest(model_dir) == before
 
 
 def test_missing_steps_and_epochs(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=None")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=None")
     assert_bad_input(result, "TRAIN_STEPS", "num_epochs")
 
 
@@ -119,13 +123,15 @@ def test_unknown_cli_command():
 
 
 def test_missing_split_lists_the_splits(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.eval/DataConfig.split='test'")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
+                              "--gin.eval/DataConfig.split='test'")
     assert_bad_input(result, "no split 'test'", "['train', 'validation']", "eval/DataConfig.split")
     assert not (tmp_path / "run").exists()
 
 
 def test_bad_period_names_the_flag(data_dir, tmp_path):
-    result = train(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.train.eval_period='each epoch'")
+    result = train_in_process(data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
+                              "--gin.train.eval_period='each epoch'")
     assert_bad_input(result, "train.eval_period='each epoch'", "'1 epoch'")
     assert not (tmp_path / "run").exists()
 
@@ -156,28 +162,35 @@ def test_malformed_jsonl_line_names_file_and_line(data_dir, tmp_path):
     (["--gin.BATCH_SIZE=0"], ["error: train/DataConfig.batch_size (BATCH_SIZE)=0 must be a positive integer."]),
     (["--gin.DecoderConfig.dtype='float17'"],
      ["error: Unknown DecoderConfig.dtype 'float17'; choose one of ['float32', 'bfloat16', 'float16']."]),
-    (["--gin.MESH_AXES=[('data', 16)]"], ["error: Mesh axes {'data': 16} need 16 devices but 1 is available",
-                                         "set one axis to -1", "or run on 16 devices"]),
-    (["--gin.OptimizerConfig.peak_learning_rate=-0.1", "--gin.OptimizerConfig.warmup_steps=-1",
+    (["--gin.WarmupCosine.peak_learning_rate=-0.1", "--gin.WarmupCosine.warmup_steps=-1",
       "--gin.train.log_period=0", "--gin.train.eval_period=-1", "--gin.train.microbatches=0",
       "--gin.train.eval_batches=0"],
      ["error: 6 values are invalid: train.microbatches=0 must be a positive integer",
-      "OptimizerConfig.peak_learning_rate=-0.1 must be a number > 0",
-      "OptimizerConfig.warmup_steps=-1 must be an integer >= 0", "train.eval_period=-1 is not a period",
+      "WarmupCosine.peak_learning_rate=-0.1 must be a number > 0",
+      "WarmupCosine.warmup_steps=-1 must be an integer >= 0", "train.eval_period=-1 is not a period",
       "train.eval_batches=0 must be a positive integer or None", "train.log_period=0 must be a positive integer"]),
 ], ids=["negative_steps", "string_steps", "zero_sequence_length", "zero_batch_size", "unknown_dtype",
-        "mesh_larger_than_devices", "rates_periods_and_counts"])
+        "rates_periods_and_counts"])
 def test_a_bad_value_is_refused_before_anything_is_written(data_dir, trained_run, tmp_path, flags, phrases):
     """Against a run's directory: nothing in it changes, not even config.gin's time."""
     model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=80", *flags)
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=80", *flags)
     assert_bad_input(result, *phrases)
+    assert_untouched(model_dir, digest, config_mtime)
+
+
+def test_a_mesh_larger_than_the_devices_is_refused_before_anything_is_written(data_dir, trained_run, tmp_path):
+    """The same in a process of one device, as a user's CPU run has."""
+    model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)
+    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=80", "--gin.MESH_AXES=[('data', 16)]")
+    assert_bad_input(result, "error: Mesh axes {'data': 16} need 16 devices but 1 is available",
+                     "set one axis to -1", "or run on 16 devices")
     assert_untouched(model_dir, digest, config_mtime)
 
 
 def test_a_model_dir_below_a_file_is_refused(data_dir, tmp_path):
     (tmp_path / "file.txt").write_text("not a directory")
-    result = train(data_dir, tmp_path / "file.txt" / "run", "--gin.TRAIN_STEPS=2")
+    result = train_in_process(data_dir, tmp_path / "file.txt" / "run", "--gin.TRAIN_STEPS=2")
     assert_bad_input(result, f"error: MODEL_DIR '{tmp_path}/file.txt/run' cannot be created: '{tmp_path}/file.txt' "
                              "is a file, not a directory")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
@@ -195,7 +208,7 @@ def test_an_unreachable_s3_endpoint_is_named(data_dir):
 def test_an_unclosed_bracket_in_a_gin_file_names_file_and_line(data_dir, tmp_path):
     bad = tmp_path / "bad.gin"
     bad.write_text("TRAIN_STEPS = 3\nMESH_AXES = [('data', -1),\n  ('fsdp', 1)\n")  # the file ends inside [ ]
-    result = train(data_dir, tmp_path / "run", f"--gin_file={bad}")
+    result = train_in_process(data_dir, tmp_path / "run", f"--gin_file={bad}")
     assert_bad_input(result, f"error: Cannot parse {bad}, line 2: '[' opened here is never closed")
     assert not (tmp_path / "run").exists()
 

@@ -101,9 +101,9 @@ def test_packed_prefix_lm_examples_match_examples_run_alone(decoder):
 
 def test_prefix_lm_data_config():
     config = DataConfig("task", sequence_length=64, feature_converter="prefix_lm")
-    assert config.task_feature_lengths() == {"inputs": 32, "targets": 32}
+    assert config.seqio_lengths() == {"inputs": 32, "targets": 32}
     assert config.model_feature_shapes(4) == {"decoder_input_tokens": (4, 64), "decoder_causal_attention": (4, 64)}
-    assert dataclasses.replace(config, inputs_length=48).task_feature_lengths() == {"inputs": 48, "targets": 16}
+    assert dataclasses.replace(config, inputs_length=48).seqio_lengths() == {"inputs": 48, "targets": 16}
     assert config.for_model_family("decoder_only").feature_converter == "prefix_lm"
     assert DataConfig("task").for_model_family("decoder_only").feature_converter == "lm"
     with pytest.raises(ConfigValueError, match="'enc_dec'"):
@@ -123,9 +123,9 @@ def test_packed_rows_score_only_the_targets(small_data_dir):
     name = prefix_lm.prefix_lm_task(name="test_prefix_lm_rows", data_dir=str(small_data_dir))
     config = DataConfig(name, sequence_length=64, feature_converter="prefix_lm")
     dataset = seqio.get_mixture_or_task(name).get_dataset(
-        sequence_length=config.task_feature_lengths(), split="train", shuffle=False, num_epochs=1, seed=0)
+        sequence_length=config.seqio_lengths(), split="train", shuffle=False, num_epochs=1, seed=0)
     examples = list(dataset.take(40).as_numpy_iterator())
-    rows = list(seqio.PrefixLMFeatureConverter(pack=True)(dataset.take(40), config.task_feature_lengths())
+    rows = list(seqio.PrefixLMFeatureConverter(pack=True)(dataset.take(40), config.seqio_lengths())
                 .as_numpy_iterator())
     assert all(row["decoder_target_tokens"].shape == (64,) for row in rows)
     assert len(rows) <= 21  # examples of 32 tokens: two fill a row
@@ -142,7 +142,7 @@ def test_packed_rows_score_only_the_targets(small_data_dir):
 def test_tiny_decoder_trains_as_a_prefix_lm(small_data_dir, tmp_path):
     result = run_cli("train", "--gin_file=runs/prefix_lm_quickstart.gin", f"--gin.DATA_DIR='{small_data_dir}'",
                      f"--gin.MODEL_DIR='{tmp_path / 'run'}'", *TINY_MODEL, "--gin.TRAIN_STEPS=24",
-                     "--gin.train.log_period=6", "--gin.OptimizerConfig.warmup_steps=6")
+                     "--gin.train.log_period=6", "--gin.WarmupCosine.warmup_steps=6")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "model: decoder_only" in result.stdout
     seen = losses(result.stdout)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slurm
 
 STEPS = 48  # room for the preemption sync point (it can take several steps under load) before the last step
 RUN = ["--gin_file=runs/quickstart.gin", *TINY_MODEL, f"--gin.TRAIN_STEPS={STEPS}", "--gin.train.log_period=1",
-       "--gin.train.checkpoint_period=4", "--gin.OptimizerConfig.warmup_steps=2",
+       "--gin.train.checkpoint_period=4", "--gin.WarmupCosine.warmup_steps=2",
        "--gin.DecoderConfig.dropout_rate=0.1", "--gin.train.eval_data=None"]
 EXIT_PREEMPTED = 75
 

@@ -31,20 +31,20 @@ def write(path: Path, *lines: str) -> Path:
 
 def layered_config(tmp: Path) -> tuple[Path, Path]:
     """base.gin (includes the quickstart) sets the learning rate; top.gin includes base and sets it again."""
-    base = write(tmp / "base.gin", "include 'runs/quickstart.gin'", "", "OptimizerConfig.peak_learning_rate = 1e-2",
+    base = write(tmp / "base.gin", "include 'runs/quickstart.gin'", "", "WarmupCosine.peak_learning_rate = 1e-2",
                  "TRAIN_STEPS = 50")
-    top = write(tmp / "top.gin", "# the top file", "include 'base.gin'", "OptimizerConfig.peak_learning_rate = 2e-2",
+    top = write(tmp / "top.gin", "# the top file", "include 'base.gin'", "WarmupCosine.peak_learning_rate = 2e-2",
                 "MODEL_DIR = 'elsewhere'")
     return base, top
 
 
 def test_explain_names_file_and_line_of_each_override_in_include_order(in_tmp, capsys):
     _, top = layered_config(in_tmp)
-    assert config_command.main(["explain", f"--gin_file={top.name}", "--gin.OptimizerConfig.peak_learning_rate=3e-2",
+    assert config_command.main(["explain", f"--gin_file={top.name}", "--gin.WarmupCosine.peak_learning_rate=3e-2",
                                 "peak_learning_rate", "train_steps"]) == 0
     out = capsys.readouterr().out.splitlines()
-    at = out.index("OptimizerConfig.peak_learning_rate = 0.03")
-    assert out[at + 1] == "    set by   --gin.OptimizerConfig.peak_learning_rate=3e-2"
+    at = out.index("WarmupCosine.peak_learning_rate = 0.03")
+    assert out[at + 1] == "    set by   --gin.WarmupCosine.peak_learning_rate=3e-2"
     assert all(line.startswith("    overrode ") for line in out[at + 2:at + 6])
     # pretrain.gin (included by quickstart.gin) first, then quickstart.gin, base.gin, top.gin.
     sources = [line.split()[1] for line in out[at + 2:at + 6]]
@@ -52,7 +52,7 @@ def test_explain_names_file_and_line_of_each_override_in_include_order(in_tmp, c
     assert sources[2:] == ["base.gin:3", "top.gin:3"]
     pretrain = (parsing.builtin_gin_dir() / "runs" / "pretrain.gin").read_text().splitlines()
     line = int(sources[0].rsplit(":", 1)[1])
-    assert pretrain[line - 1].startswith("OptimizerConfig.peak_learning_rate")
+    assert pretrain[line - 1].startswith("WarmupCosine.peak_learning_rate")
     # A value set through a macro shows the binding that uses the macro, then the macro's own chain.
     at = out.index("train.train_steps = 50")
     assert out[at + 1].split()[2].endswith("pretrain.gin:" + str(_line_of(pretrain, "train.train_steps")))
@@ -97,8 +97,8 @@ def test_a_binding_always_overridden_by_a_scoped_one_is_unused(in_tmp):
     resolved = config_resolve.load_run(gin_files=[top.name], gin_bindings=["DataConfig.shuffle = False"])
     # pretrain.gin binds train/DataConfig.shuffle and eval/DataConfig.shuffle: the unscoped one never wins.
     assert [s.key for s in resolved.unused] == ["DataConfig.shuffle"]
-    resolved = config_resolve.load_run(gin_files=[top.name], gin_bindings=["DataConfig.use_cached = False"])
-    assert resolved.unused == []  # no scoped binding of use_cached: the unscoped one applies in both scopes
+    resolved = config_resolve.load_run(gin_files=[top.name], gin_bindings=["DataConfig.feature_converter = None"])
+    assert resolved.unused == []  # no scoped binding of feature_converter: the unscoped one applies in both scopes
 
 
 def test_jobs_warn_about_unused_bindings_before_they_start(in_tmp, capsys):
@@ -155,7 +155,8 @@ def test_unknown_reference_suggests_the_nearest_configurable(in_tmp):
     message = str(e.value)
     assert 'In file "ref.gin", line 2' in message
     assert "Did you mean DecoderConfig" in message
-    assert "Configurables: DataConfig, DecoderConfig" in message and "macro" not in message.split("Configurables:")[1]
+    assert "DataConfig, DecoderConfig" in message.split("Configurables:")[1] and "macro" not in message.split(
+        "Configurables:")[1]
 
 
 def test_diff_of_two_model_directories_and_of_gin_files(in_tmp, capsys):
@@ -164,13 +165,13 @@ def test_diff_of_two_model_directories_and_of_gin_files(in_tmp, capsys):
         run_dir.mkdir()
         # A model directory's config.gin as a run writes it: gin's operative config, flattened.
         parsing.parse(gin_files=["runs/quickstart.gin"], gin_bindings=[f"TRAIN_STEPS = {steps}",
-                                                                       f"OptimizerConfig.peak_learning_rate = {lr}"])
+                                                                       f"WarmupCosine.peak_learning_rate = {lr}"])
         write(run_dir / "config.gin", _flattened_config())
     assert config_command.main(["diff", "a", "b"]) == 1
     assert capsys.readouterr().out.splitlines() == ["train.train_steps: 10 -> 20"]
     assert config_command.main(["diff", "a", "a"]) == 0
     assert capsys.readouterr().out.strip() == "no differences"
-    write(in_tmp / "lr.gin", "include 'runs/quickstart.gin'", "OptimizerConfig.peak_learning_rate = 1e-3",
+    write(in_tmp / "lr.gin", "include 'runs/quickstart.gin'", "WarmupCosine.peak_learning_rate = 1e-3",
           "TRAIN_STEPS = 10")
     assert config_command.main(["diff", "a", "lr.gin"]) == 0  # a directory and the gin files it came from agree
     assert capsys.readouterr().out.strip() == "no differences"
@@ -198,12 +199,12 @@ def test_reference_is_up_to_date_and_every_parameter_documented():
 
 
 def test_reference_check_fails_on_a_missing_docstring_line(monkeypatch, tmp_path, capsys):
-    doc = optim.OptimizerConfig.__doc__
-    monkeypatch.setattr(optim.OptimizerConfig, "__doc__", "\n".join(
+    doc = optim.WarmupCosine.__doc__
+    monkeypatch.setattr(optim.WarmupCosine, "__doc__", "\n".join(
         line for line in doc.splitlines() if not line.strip().startswith("warmup_steps:")))
     assert config_reference.main([]) == 1
-    assert "OptimizerConfig.warmup_steps" in capsys.readouterr().err
-    monkeypatch.setattr(optim.OptimizerConfig, "__doc__", doc)
+    assert "WarmupCosine.warmup_steps" in capsys.readouterr().err
+    monkeypatch.setattr(optim.WarmupCosine, "__doc__", doc)
     stale = write(tmp_path / "ref.md", "old")
     assert config_reference.main([f"--out={stale}", "--check"]) == 1
     assert config_reference.main([f"--out={stale}"]) == 0

@@ -287,7 +287,7 @@ def test_prefix_lm_task_trains_the_encoder_decoder(small_data_dir, tmp_path):
                      f"--gin.T5Config.vocab_size={VOCAB}", "--gin.T5Config.emb_dim=64", "--gin.T5Config.mlp_dim=128",
                      "--gin.INPUTS_LENGTH=32", "--gin.SEQUENCE_LENGTH=32", "--gin.BATCH_SIZE=8",
                      "--gin.train.eval_batches=2", "--gin.TRAIN_STEPS=24", "--gin.train.log_period=6",
-                     "--gin.OptimizerConfig.warmup_steps=6")
+                     "--gin.WarmupCosine.warmup_steps=6")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "model: encoder_decoder" in result.stdout
     seen = losses(result.stdout)

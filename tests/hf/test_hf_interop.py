@@ -26,10 +26,16 @@ from t5x_lite.hf.errors import ConversionError  # noqa: E402
 from t5x_lite.inference import scoring
 from t5x_lite.models import DecoderConfig, T5Config  # noqa: E402
 from tests.cli_helpers import VOCAB, losses, run_cli  # noqa: E402
-
-SMALL_VOCAB = 128
-# Logits agree to this fraction of their largest magnitude (float32 on both sides).
-RELATIVE_TOLERANCE = 1e-4
+from tests.hf.hf_helpers import (  # noqa: E402
+    SMALL_VOCAB,
+    all_tensors,
+    assert_logits_agree,
+    assert_same_tensors,
+    hf_logits,
+    our_logits,
+    perturbed,
+)
+from tests.hf.hf_helpers import load_hf as _load_hf  # noqa: E402
 
 
 def _hf_config(kind: str, vocab_size: int = SMALL_VOCAB):
@@ -59,10 +65,7 @@ def build_hf_model(kind: str, vocab_size: int = SMALL_VOCAB, noise: float = 0.05
     model = getattr(transformers, HF_CLASSES[kind])(_hf_config(kind, vocab_size)).eval()
     if kind == "t5_v1_1":  # T5 v1.1 has its own output projection
         model.lm_head.weight = torch.nn.Parameter(torch.randn(vocab_size, 64) * 0.05)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * noise)
-    return model
+    return perturbed(model, noise)
 
 
 @pytest.fixture(scope="module")
@@ -83,41 +86,6 @@ def _tokens(kind: str):
     return inputs, (targets if kind.startswith("t5") else None)
 
 
-def hf_logits(model, inputs, targets) -> np.ndarray:
-    with torch.no_grad():
-        if targets is None:
-            return model(input_ids=torch.tensor(inputs)).logits.numpy()
-        return model(input_ids=torch.tensor(inputs), decoder_input_ids=torch.tensor(targets)).logits.numpy()
-
-
-def our_logits(config, params, inputs, targets) -> np.ndarray:
-    module = config.make_module()
-    args = (jnp.asarray(inputs),) if targets is None else (jnp.asarray(inputs), jnp.asarray(targets))
-    return np.asarray(jax.jit(module.apply)({"params": params}, *args))
-
-
-def assert_logits_agree(ours: np.ndarray, theirs: np.ndarray) -> None:
-    assert ours.shape == theirs.shape
-    scale = np.abs(theirs).max()
-    error = np.abs(ours - theirs).max()
-    assert error <= RELATIVE_TOLERANCE * scale, f"max |difference| {error} vs largest logit {scale}"
-
-
-def _load_hf(folder):
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True) \
-        if json.loads((folder / "config.json").read_text())["model_type"] != "t5" else \
-        transformers.T5ForConditionalGeneration.from_pretrained(folder, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    return model.eval()
-
-
-def _all_tensors(folder) -> dict[str, np.ndarray]:
-    tensors = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(path)))
-    return tensors
-
-
 @pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_from_hf_gives_the_same_logits_and_converts_back_bit_for_bit(kind, scan, hf_folders, tmp_path):
@@ -135,10 +103,7 @@ def test_from_hf_gives_the_same_logits_and_converts_back_bit_for_bit(kind, scan,
 
     back = tmp_path / "hf_again"
     convert.to_hf(str(out), str(back), log=lambda _: None)
-    before, after = _all_tensors(folder), _all_tensors(back)
-    assert sorted(after) == sorted(before)
-    for name, value in before.items():
-        assert after[name].dtype == value.dtype and np.array_equal(after[name], value), name
+    assert_same_tensors(all_tensors(folder), all_tensors(back))
     # The tokenizer/generation files came back with the weights; transformers loads the folder.
     assert (back / "generation_config.json").exists()
     np.testing.assert_array_equal(hf_logits(_load_hf(back), inputs, targets), hf_logits(original, inputs, targets))
@@ -206,7 +171,7 @@ def test_to_hf_of_a_sharded_train_checkpoint_gives_the_same_logits(kind, scan, t
 def test_to_hf_in_bfloat16_rounds_each_tensor_once(hf_folders, tmp_path):
     convert.from_hf(str(hf_folders["llama"]), str(tmp_path / "ours"), log=lambda _: None)
     convert.to_hf(str(tmp_path / "ours"), str(tmp_path / "bf16"), dtype="bfloat16", log=lambda _: None)
-    before, after = _all_tensors(hf_folders["llama"]), _all_tensors(tmp_path / "bf16")
+    before, after = all_tensors(hf_folders["llama"]), all_tensors(tmp_path / "bf16")
     for name, value in before.items():
         assert str(after[name].dtype) == "bfloat16"
         np.testing.assert_array_equal(after[name], value.astype(after[name].dtype))
@@ -270,12 +235,12 @@ def test_scaled_rope_is_refused_by_field(hf_folders, tmp_path):
 
 def test_the_command_reports_an_unsupported_architecture_with_exit_status_2(hf_folders, tmp_path, capsys):
     folder = _copy(hf_folders["llama"], tmp_path)
-    _edit_config(folder, model_type="mistral", architectures=["MistralForCausalLM"])
+    _edit_config(folder, model_type="falcon", architectures=["FalconForCausalLM"])
     with pytest.raises(SystemExit) as exit_info:
         command.main(["from-hf", f"--model_dir={folder}", f"--out={tmp_path / 'out'}"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "model_type='mistral'" in err and "supported: llama (LlamaForCausalLM)" in err and "Traceback" not in err
+    assert "model_type='falcon'" in err and "supported: llama (LlamaForCausalLM)" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
 
 
@@ -335,7 +300,7 @@ def test_a_trained_run_through_hugging_face_fine_tunes_from_where_it_ended(data_
                          f"--gin.DATA_DIR='{data_dir}'", f"--gin.MODEL_DIR='{tmp_path / 'tune'}'",
                          f"--gin.TRAIN_STEPS={steps}", "--gin.SEQUENCE_LENGTH=64", "--gin.BATCH_SIZE=8",
                          "--gin.train.log_period=1", "--gin.train.eval_batches=1", "--gin.train.sample_prompt=None",
-                         "--gin.OptimizerConfig.warmup_steps=1", "--gin.train.init_from=@InitFrom()",
+                         "--gin.WarmupCosine.warmup_steps=1", "--gin.train.init_from=@InitFrom()",
                          f"--gin.InitFrom.checkpoint='{converted}'")
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout + result.stderr

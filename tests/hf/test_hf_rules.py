@@ -1,5 +1,6 @@
 """The interop pieces that need no PyTorch: safetensors files, the transforms, rule expansion, docs tables."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,13 +9,16 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from t5x_lite.hf import families, gpt2, llama, rules, safetensors_files, t5
+from t5x_lite.hf import families, gemma, gpt2, llama, mistral, qwen2, rules, safetensors_files, t5
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.models import DecoderConfig, T5Config
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT2_STYLE = DecoderConfig(position_embedding="learned", norm="layernorm", mlp_activations=("gelu",), use_bias=True,
                            tie_embeddings=True, num_kv_heads=4, head_dim=32)
+GEMMA_STYLE = DecoderConfig(norm="rmsnorm_plus_one", mlp_activations=("gelu", "linear"), scale_embeddings=True,
+                            tie_embeddings=True, num_kv_heads=1, head_dim=48)
+QWEN2_STYLE = DecoderConfig(qkv_bias=True, tie_embeddings=True)
 
 
 def _tensors(rng):
@@ -124,8 +128,36 @@ def test_model_configs_pick_their_family_or_name_the_fields_that_do_not_fit():
         families.for_model(DecoderConfig(norm="layernorm"))
 
 
+def test_llama_shaped_models_go_to_the_family_their_options_fit():
+    assert families.for_model(DecoderConfig(sliding_window=64)) is mistral
+    assert families.for_model(QWEN2_STYLE) is qwen2
+    assert families.for_model(dataclasses.replace(QWEN2_STYLE, sliding_window=64, tie_embeddings=False)) is qwen2
+    assert families.for_model(GEMMA_STYLE) is gemma
+    # The family a model was converted from wins when it fits: a Mistral without a window stays one.
+    assert families.for_model(DecoderConfig(), prefer="mistral") is mistral
+    assert families.for_model(DecoderConfig(), prefer="gemma") is llama
+    with pytest.raises(ConversionError, match=r"(?s)not a MistralForCausalLM: norm='rmsnorm_plus_one'.*"
+                                              r"not a GemmaForCausalLM: sliding_window=64 \(Gemma: None\)"):
+        families.for_model(dataclasses.replace(GEMMA_STYLE, sliding_window=64))
+    with pytest.raises(ConversionError, match=r"not a GPT2LMHeadModel: sliding_window=64 \(GPT-2: None\)"):
+        families.for_model(dataclasses.replace(GPT2_STYLE, sliding_window=64))
+
+
+@pytest.mark.parametrize("family,config", [
+    (llama, DecoderConfig(tie_embeddings=True)), (mistral, DecoderConfig(sliding_window=64)),
+    (mistral, DecoderConfig()), (qwen2, QWEN2_STYLE), (qwen2, dataclasses.replace(QWEN2_STYLE, sliding_window=64)),
+    (gemma, GEMMA_STYLE), (gemma, dataclasses.replace(GEMMA_STYLE, tie_embeddings=False)),
+], ids=lambda x: getattr(x, "MODEL_TYPE", ""))
+def test_config_json_written_by_to_hf_reads_back_as_the_same_model(family, config):
+    config = dataclasses.replace(config, norm_epsilon=1e-5, rope_max_wavelength=500.0)
+    written = json.loads(json.dumps(family.config_to_hf(config)))
+    assert families.for_hf_config(written) is family
+    assert family.config_from_hf(written, scan_layers=True) == config
+
+
 @pytest.mark.parametrize("config", [
-    {"model_type": "mistral", "architectures": ["MistralForCausalLM"]},
+    {"model_type": "gemma2", "architectures": ["Gemma2ForCausalLM"]},
+    {"model_type": "mistral", "architectures": ["MistralForSequenceClassification"]},
     {"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]},
 ])
 def test_unsupported_architectures_are_named(config):
@@ -136,5 +168,6 @@ def test_unsupported_architectures_are_named(config):
 def test_docs_show_the_generated_mapping_tables():
     """docs/interop.md's tables are rules.markdown_table's output, so they cannot drift from the code."""
     text = (ROOT / "docs" / "interop.md").read_text()
-    for mapping in (llama.mapping(DecoderConfig()), gpt2.mapping(GPT2_STYLE), t5.mapping(T5Config())):
+    for mapping in (llama.mapping(DecoderConfig()), gpt2.mapping(GPT2_STYLE), t5.mapping(T5Config()),
+                    qwen2.mapping(QWEN2_STYLE)):
         assert rules.markdown_table(mapping) in text

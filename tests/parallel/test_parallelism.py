@@ -11,13 +11,14 @@ from t5x_lite.config import parsing as config_lib
 from t5x_lite.models import decoder_only, encoder_decoder
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import trainer as trainer_lib
-from t5x_lite.training.optim import OptimizerConfig
+from t5x_lite.training.optim import Adafactor, AdamW, WarmupCosine
 
 T5_CFG = encoder_decoder.T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
                                   num_encoder_layers=2, num_decoder_layers=2)
 BATCH, INPUTS_LENGTH, TARGETS_LENGTH = 8, 12, 8
-ADAMW = OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0, decay_steps=30,
-                        final_learning_rate_fraction=0.1, weight_decay=0.01, clip_grad_norm=1.0)
+ADAMW = AdamW(learning_rate=WarmupCosine(peak_learning_rate=1e-2, warmup_steps=0, decay_steps=30,
+                                         final_learning_rate_fraction=0.1), weight_decay=0.01, clip_grad_norm=1.0)
+ADAFACTOR = Adafactor(min_dim_size_to_factor=16)  # the tiny T5's 32-wide kernels factored
 ONE_DEVICE = (("data", 1), ("fsdp", 1), ("tensor", 1))
 MESHES_8 = {"8x1x1": (("data", 8), ("fsdp", 1), ("tensor", 1)),
             "1x8x1": (("data", 1), ("fsdp", 8), ("tensor", 1)),
@@ -41,15 +42,15 @@ def make_enc_dec_batch(seed=0):
             "decoder_target_tokens": targets, "decoder_loss_weights": weights}
 
 
-def t5_trainer(mesh_axes):
+def t5_trainer(mesh_axes, optimizer=ADAMW):
     devices = jax.devices()[: int(np.prod([s for _, s in mesh_axes]))]
     mesh = partitioning.make_mesh(axes=mesh_axes, devices=devices)
-    return trainer_lib.Trainer(model=encoder_decoder.EncoderDecoder(T5_CFG), optimizer=ADAMW.build(30),
-                               learning_rate_fn=ADAMW.schedule(30), mesh=mesh, rules=partitioning.DEFAULT_RULES)
+    return trainer_lib.Trainer.for_run(model=T5_CFG, optimizer=optimizer, total_steps=30, mesh=mesh,
+                                       rules=partitioning.DEFAULT_RULES)
 
 
-def run_t5_steps(mesh_axes, steps=3):
-    trainer = t5_trainer(mesh_axes)
+def run_t5_steps(mesh_axes, steps=3, optimizer=ADAMW):
+    trainer = t5_trainer(mesh_axes, optimizer)
     batch = make_enc_dec_batch()
     # Each mesh initialises its own state from the same seed, directly in its shardings.
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
@@ -68,6 +69,13 @@ def t5_one_device_run():
     return params, history
 
 
+@pytest.fixture(scope="module")
+def t5_one_device_adafactor_run():
+    """The same with Adafactor (factored per layer matrix): the reference of its mesh test."""
+    _, _, params, history = run_t5_steps(ONE_DEVICE, optimizer=ADAFACTOR)
+    return params, history
+
+
 def test_t5_one_device_run_learns(t5_one_device_run):
     params, history = t5_one_device_run
     batch = make_enc_dec_batch()
@@ -81,10 +89,18 @@ def test_t5_one_device_run_learns(t5_one_device_run):
     assert params["decoder"]["logits"]["kernel"].shape == (T5_CFG.emb_dim, T5_CFG.vocab_size)
 
 
-@pytest.mark.parametrize("mesh_axes", list(MESHES_8.values()), ids=list(MESHES_8))
-def test_t5_mesh_matches_one_device(mesh_axes, t5_one_device_run):
+# AdamW on every mesh; Adafactor (its factored statistics split by fsdp and tensor) on the mesh with both.
+MESH_CASES = {**{name: (axes, "adamw") for name, axes in MESHES_8.items()},
+              "2x2x2-adafactor": (MESHES_8["2x2x2"], "adafactor")}
+
+
+@pytest.mark.parametrize("mesh_axes, optimizer", list(MESH_CASES.values()), ids=list(MESH_CASES))
+def test_t5_mesh_matches_one_device(mesh_axes, optimizer, request):
     assert len(jax.devices()) == 8
-    trainer, state, params, history = run_t5_steps(mesh_axes)
+    reference = request.getfixturevalue({"adamw": "t5_one_device_run", "adafactor": "t5_one_device_adafactor_run"}[
+        optimizer])
+    trainer, state, params, history = run_t5_steps(mesh_axes, optimizer={"adamw": ADAMW, "adafactor": ADAFACTOR}[
+        optimizer])
     assert trainer.mesh.devices.size == 8
     # The state really lives on all 8 devices.
     kernel = state.params["decoder"]["logits"]["kernel"]
@@ -97,7 +113,7 @@ def test_t5_mesh_matches_one_device(mesh_axes, t5_one_device_run):
     else:
         assert kernel.sharding.is_fully_replicated
 
-    ref_params, ref_history = t5_one_device_run
+    ref_params, ref_history = reference
     for got, want in zip(history, ref_history, strict=True):
         np.testing.assert_allclose(got["loss_sum"] / got["weight_sum"], want["loss_sum"] / want["weight_sum"],
                                    rtol=1e-4)

@@ -1,4 +1,4 @@
-"""Learning-rate schedule, weight-decay mask and gradient clipping."""
+"""AdamW: its warmup + cosine schedule, weight-decay mask and gradient clipping."""
 
 import math
 
@@ -9,13 +9,13 @@ import optax
 import pytest
 
 from t5x_lite.models import decoder_only
-from t5x_lite.training import optim
+from t5x_lite.training import optim, schedules
 
 PEAK, WARMUP, DECAY, FINAL = 2e-3, 10, 40, 0.1
 
 
 def _lr(step):
-    return float(optim.warmup_cosine_schedule(step, peak_learning_rate=PEAK, warmup_steps=WARMUP,
+    return float(schedules.warmup_cosine_schedule(step, peak_learning_rate=PEAK, warmup_steps=WARMUP,
                                               decay_steps=DECAY, final_learning_rate_fraction=FINAL))
 
 
@@ -48,14 +48,15 @@ def test_schedule_monotone_non_increasing_after_warmup():
 
 def test_schedule_works_under_jit_with_traced_steps():
     steps = jnp.arange(0, WARMUP + DECAY + 5)
-    fn = jax.jit(jax.vmap(lambda s: optim.warmup_cosine_schedule(
+    fn = jax.jit(jax.vmap(lambda s: schedules.warmup_cosine_schedule(
         s, peak_learning_rate=PEAK, warmup_steps=WARMUP, decay_steps=DECAY,
         final_learning_rate_fraction=FINAL)))
     np.testing.assert_allclose(np.asarray(fn(steps)), [_lr(int(s)) for s in steps], rtol=1e-6)
 
 
 def test_config_schedule_decays_over_rest_of_run_by_default():
-    cfg = optim.OptimizerConfig(peak_learning_rate=1.0, warmup_steps=5, final_learning_rate_fraction=0.2)
+    cfg = optim.AdamW(learning_rate=optim.WarmupCosine(peak_learning_rate=1.0, warmup_steps=5,
+                                                       final_learning_rate_fraction=0.2))
     sched = cfg.schedule(total_steps=25)
     np.testing.assert_allclose(float(sched(5)), 1.0, rtol=1e-6)
     np.testing.assert_allclose(float(sched(25)), 0.2, rtol=1e-5)
@@ -102,8 +103,9 @@ def test_weight_decay_applies_only_to_masked_leaves():
         "norm": {"scale": jnp.ones((3,))},
         "layers": {"norm": {"scale": jnp.ones((2, 3))}},
     }
-    cfg = optim.OptimizerConfig(peak_learning_rate=0.5, warmup_steps=0, decay_steps=10,
-                                final_learning_rate_fraction=1.0, weight_decay=0.1, clip_grad_norm=0.0)
+    cfg = optim.AdamW(learning_rate=optim.WarmupCosine(peak_learning_rate=0.5, warmup_steps=0, decay_steps=10,
+                                                       final_learning_rate_fraction=1.0),
+                      weight_decay=0.1, clip_grad_norm=0.0)
     tx = cfg.build(total_steps=10)
     state = tx.init(params)
     grads = jax.tree.map(jnp.zeros_like, params)
@@ -116,7 +118,7 @@ def test_weight_decay_applies_only_to_masked_leaves():
 
 def test_clipping_first_in_chain_bounds_global_norm():
     clip = 0.5
-    cfg = optim.OptimizerConfig(clip_grad_norm=clip)
+    cfg = optim.AdamW(clip_grad_norm=clip)
     tx = cfg.build(total_steps=100)
     params = {"a": {"kernel": jnp.ones((4, 4))}, "b": {"scale": jnp.ones((4,))}}
     grads = {"a": {"kernel": jnp.full((4, 4), 1e4)}, "b": {"scale": jnp.full((4,), -3e3)}}
@@ -145,7 +147,7 @@ def test_clipping_first_in_chain_bounds_global_norm():
 
 
 def test_no_clipping_when_disabled():
-    cfg = optim.OptimizerConfig(clip_grad_norm=0.0)
+    cfg = optim.AdamW(clip_grad_norm=0.0)
     tx = cfg.build(total_steps=10)
     params = {"w": {"kernel": jnp.ones((2, 2))}}
     grads = {"w": {"kernel": jnp.full((2, 2), 1e6)}}

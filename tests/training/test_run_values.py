@@ -16,7 +16,7 @@ from t5x_lite.models.decoder_only import DecoderConfig
 from t5x_lite.models.encoder_decoder import T5Config
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import run_values
-from t5x_lite.training.optim import OptimizerConfig
+from t5x_lite.training.optim import AdamW, WarmupCosine
 from t5x_lite.training.run_spec import RunSpec
 from t5x_lite.training.trainer import LossConfig
 
@@ -43,7 +43,7 @@ def test_a_good_run_passes():
                             seed=0, init_loss_tolerance=1.0, sample_prompt=["def "], sample_max_new_tokens=64,
                             async_checkpoints=True, progress_bar=None, task_module=None)
     run_values.check_values(spec(train_steps=None, num_epochs=2, eval_data=None, peak_flops_per_device=2e11,
-                                 optimizer=OptimizerConfig(clip_grad_norm=None, peak_learning_rate=1e12),
+                                 optimizer=AdamW(clip_grad_norm=None, learning_rate=WarmupCosine(peak_learning_rate=1e12)),
                                  mesh_axes={"data": -1, "tensor": 2}))
 
 
@@ -69,17 +69,19 @@ def test_a_good_run_passes():
     (dict(train_data=dataclasses.replace(TRAIN, shuffle="yes")),
      "train/DataConfig.shuffle='yes' must be True or False"),
     # Learning rate, warmup, microbatches and the rest of the optimizer and loss.
-    (dict(optimizer=OptimizerConfig(peak_learning_rate=-1.0)),
-     "OptimizerConfig.peak_learning_rate=-1.0 must be a number > 0"),
-    (dict(optimizer=OptimizerConfig(peak_learning_rate=float("nan"))), "peak_learning_rate=nan must be a number > 0"),
-    (dict(optimizer=OptimizerConfig(warmup_steps=-1)), "OptimizerConfig.warmup_steps=-1 must be an integer >= 0"),
-    (dict(optimizer=OptimizerConfig(decay_steps=0)),
-     "OptimizerConfig.decay_steps=0 must be a positive integer or None"),
-    (dict(optimizer=OptimizerConfig(b2=1.0)), "OptimizerConfig.b2=1.0 must be a number in [0, 1)"),
-    (dict(optimizer=OptimizerConfig(final_learning_rate_fraction=2)),
+    (dict(optimizer=AdamW(learning_rate=WarmupCosine(peak_learning_rate=-1.0))),
+     "WarmupCosine.peak_learning_rate=-1.0 must be a number > 0"),
+    (dict(optimizer=AdamW(learning_rate=WarmupCosine(peak_learning_rate=float("nan")))),
+     "peak_learning_rate=nan must be a number > 0"),
+    (dict(optimizer=AdamW(learning_rate=WarmupCosine(warmup_steps=-1))),
+     "WarmupCosine.warmup_steps=-1 must be an integer >= 0"),
+    (dict(optimizer=AdamW(learning_rate=WarmupCosine(decay_steps=0))),
+     "WarmupCosine.decay_steps=0 must be a positive integer or None"),
+    (dict(optimizer=AdamW(b2=1.0)), "AdamW.b2=1.0 must be a number in [0, 1)"),
+    (dict(optimizer=AdamW(learning_rate=WarmupCosine(final_learning_rate_fraction=2))),
      "final_learning_rate_fraction=2 must be a number in [0, 1]"),
-    (dict(optimizer=OptimizerConfig(clip_grad_norm=-1.0)),
-     "OptimizerConfig.clip_grad_norm=-1.0 must be a number >= 0 or None"),
+    (dict(optimizer=AdamW(clip_grad_norm=-1.0)),
+     "AdamW.clip_grad_norm=-1.0 must be a number >= 0 or None"),
     (dict(loss=LossConfig(label_smoothing=1.0)), "LossConfig.label_smoothing=1.0 must be a number in [0, 1)"),
     (dict(loss=LossConfig(z_loss="1e-4")),
      "LossConfig.z_loss='1e-4' must be a number >= 0 (a number, without quotes)"),

@@ -10,13 +10,13 @@ import pytest
 from t5x_lite.models import decoder_only
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import trainer as trainer_lib
-from t5x_lite.training.optim import OptimizerConfig
+from t5x_lite.training.optim import AdamW, WarmupCosine
 
 CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                                  mlp_dim=64, num_layers=2, max_len=16)
 BATCH, LENGTH = 8, 16
-ADAMW = OptimizerConfig(peak_learning_rate=1e-2, warmup_steps=0, decay_steps=30,
-                        final_learning_rate_fraction=0.1, weight_decay=0.01, clip_grad_norm=1.0)
+ADAMW = AdamW(learning_rate=WarmupCosine(peak_learning_rate=1e-2, warmup_steps=0, decay_steps=30,
+                                         final_learning_rate_fraction=0.1), weight_decay=0.01, clip_grad_norm=1.0)
 # Plain SGD makes parameters a linear function of the gradient: the strictest comparison.
 OPTIMIZERS = {"adamw": (ADAMW.build(total_steps=30), ADAMW.schedule(30)),
               "sgd": (optax.sgd(0.5), lambda step: 0.5)}
@@ -93,7 +93,7 @@ def test_loss_falls_on_a_fixed_batch():
     assert abs(losses[0] - np.log(CFG.vocab_size)) < 0.5  # near-uniform predictions at init
     assert losses[-1] < 0.5 * losses[0], losses
     # The reported learning rate follows the schedule (warmup 0: peak at step 0).
-    np.testing.assert_allclose(history[0]["learning_rate"], ADAMW.peak_learning_rate, rtol=1e-6)
+    np.testing.assert_allclose(history[0]["learning_rate"], ADAMW.learning_rate.peak_learning_rate, rtol=1e-6)
     assert history[-1]["learning_rate"] < history[0]["learning_rate"]
 
 
