@@ -8,8 +8,6 @@ subprocess that imports JAX); a few run `python -m t5x_lite.cli` end to end.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -19,9 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from t5x_lite import cli as cli_module
 from tests.cli.test_bad_input import assert_bad_input
-from tests.cli_helpers import ROOT, cli_env, run_cli
+from tests.cli_helpers import ROOT, cli_env, run_cli, run_cli_in_process
 
 QUICKSTART = "--gin_file=runs/quickstart.gin"
 
@@ -82,27 +79,6 @@ def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           capture_output=True, text=True, timeout=120)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """`t5x-lite ARGS` through the CLI's main in this process, from the repository root: its exit
-    code (returned or raised) and what it printed."""
-
-    out, err = io.StringIO(), io.StringIO()
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = cli_module.main(list(args))
-            except SystemExit as e:
-                code = e.code
-    finally:
-        os.chdir(cwd)
-        import gin
-
-        gin.clear_config()  # leave no run's bindings to the next test in this process
-    return subprocess.CompletedProcess(["t5x-lite", *args], code, out.getvalue(), err.getvalue())
-
-
 def model_dir_flag(model_dir: Path) -> str:
     return f"--gin.MODEL_DIR='{model_dir}'"
 
@@ -129,7 +105,7 @@ GPU_JOB = ["--nodes=2", "--gpus_per_node=8", "--partition=gpu", "--account=acct"
 
 def slurm(*args: str) -> subprocess.CompletedProcess:
     """`t5x-lite launch slurm ARGS` in this process."""
-    return cli("launch", "slurm", *args)
+    return run_cli_in_process("launch", "slurm", *args)
 
 
 @pytest.fixture(scope="module")
@@ -356,10 +332,10 @@ def test_no_gin_file(fake, monkeypatch):
 
 
 def test_launch_without_a_target_exits_2():
-    result = cli("launch")
+    result = run_cli_in_process("launch")
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "slurm" in result.stdout + result.stderr
-    assert_bad_input(cli("launch", "kubernetes"), "unknown launch target 'kubernetes'")
+    assert_bad_input(run_cli_in_process("launch", "kubernetes"), "unknown launch target 'kubernetes'")
 
 
 def test_launch_slurm_help():

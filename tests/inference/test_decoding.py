@@ -10,6 +10,7 @@ import pytest
 
 from t5x_lite.inference import decoding
 from t5x_lite.models import decoder_only, encoder_decoder
+from tests.param_trees import unrolled_params
 
 LLAMA = decoder_only.DecoderConfig(vocab_size=32, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
                                    mlp_dim=64, num_layers=2, max_len=32)
@@ -99,18 +100,6 @@ def _sharpen(params, factor, stack=None):
     return jax.tree_util.tree_map_with_path(scale, params)
 
 
-def _unrolled(params):
-    """A scanned model's params for its unrolled twin: every `layers` [layers, ...] subtree sliced per layer."""
-    if not isinstance(params, dict):
-        return params
-    out = {k: _unrolled(v) for k, v in params.items() if k != "layers"}
-    if "layers" in params:
-        num_layers = jax.tree.leaves(params["layers"])[0].shape[0]
-        out["layers_unrolled"] = {f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], params["layers"])
-                                  for i in range(num_layers)}
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def _init(cfg):
     """Random params of the scanned model (an unrolled one gets its scanned twin's: the same function)."""
@@ -118,7 +107,7 @@ def _init(cfg):
     tokens = jnp.ones((1, 8), jnp.int32)
     args = (tokens, tokens) if cfg.family == "encoder_decoder" else (tokens,)
     params = jax.jit(scanned.make_module().init)(jax.random.PRNGKey(0), *args)["params"]
-    return params if cfg.scan_layers else _unrolled(params)
+    return params if cfg.scan_layers else unrolled_params(params)
 
 
 @functools.lru_cache(maxsize=None)

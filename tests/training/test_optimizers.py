@@ -21,6 +21,7 @@ from t5x_lite.models import decoder_only
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import adafactor, optim, schedules
 from t5x_lite.training import trainer as trainer_lib
+from tests.param_trees import unrolled_params
 from tests.training.test_run_values import refused, spec
 from tests.training.test_trainer import CFG, make_batch
 
@@ -209,18 +210,6 @@ def _trainer(model_config, optimizer=DECODER_ADAFACTOR, total_steps=30):
                                        rules=partitioning.DEFAULT_RULES)
 
 
-def _unrolled(params):
-    """A scanned model's params for its unrolled twin: each `layers` subtree sliced per layer."""
-    if not isinstance(params, dict):
-        return params
-    out = {k: _unrolled(v) for k, v in params.items() if k != "layers"}
-    if "layers" in params:
-        num_layers = jax.tree.leaves(params["layers"])[0].shape[0]
-        out["layers_unrolled"] = {f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], params["layers"])
-                                  for i in range(num_layers)}
-    return out
-
-
 def _start(trainer, params, batch):
     """A train state from these params, the optimizer's fresh state, in the trainer's shardings."""
     trainer.abstract_state(batch)
@@ -251,13 +240,15 @@ def test_scanned_and_unrolled_models_get_the_same_updates(scanned_decoder):
     batch = make_batch()
     scanned, scanned_losses = _train(trainer, _start(trainer, params, batch), batch, 3)
     unrolled_trainer = _trainer(decoder_only.DecoderConfig(**{**CFG.to_dict(), "scan_layers": False}))
-    unrolled, unrolled_losses = _train(unrolled_trainer, _start(unrolled_trainer, _unrolled(params), batch), batch, 3)
+    unrolled_start = _start(unrolled_trainer, unrolled_params(params), batch)
+    unrolled, unrolled_losses = _train(unrolled_trainer, unrolled_start, batch, 3)
     np.testing.assert_allclose(scanned_losses, unrolled_losses, rtol=1e-5)
     assert scanned_losses[-1] < scanned_losses[0]
-    got, want = jax.tree.map(np.asarray, _unrolled(scanned.params)), jax.tree.map(np.asarray, unrolled.params)
+    got, want = jax.tree.map(np.asarray, unrolled_params(scanned.params)), jax.tree.map(np.asarray, unrolled.params)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), got, want)
-    moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(_unrolled(params))))
+    start = jax.tree.leaves(unrolled_params(params))
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(want), start))
     assert moved > 1e-3  # the comparison is of real updates
     # The stacked kernels were factored per layer: a row vector per layer, not a full second moment.
     mlp_in = scanned.opt_state.per_param["layers"]["mlp"]["wi_0"]["kernel"][0]
