@@ -19,6 +19,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
 os.environ.setdefault("T5X_LITE_TEST_COMPILATION_CACHE",
                       os.path.join(tempfile.gettempdir(), "t5x_lite_test_compilation_cache", _RUN_ID))
+# So do the tests run in the pytest processes themselves: the two workers compile many of the same
+# programs (a module's jitted functions, a tiny model's steps built anew by each test's Trainer).
+if os.environ["T5X_LITE_TEST_COMPILATION_CACHE"]:  # set empty: no cache
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["T5X_LITE_TEST_COMPILATION_CACHE"]
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.2"
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -146,6 +151,19 @@ def s3_server():
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
             server.stop()
+
+
+def pytest_collection_finish(session):
+    """bench/common.py turns JAX's persistent cache off when the bench tests import it (its timings
+    must be real compiles): on again for the tests that run in this process, unless turned off here."""
+    jax = sys.modules.get("jax")
+    off = os.environ.get("JAX_ENABLE_COMPILATION_CACHE", "").lower() in ("0", "false")
+    if jax is not None and "JAX_COMPILATION_CACHE_DIR" in os.environ and not off \
+            and not jax.config.jax_enable_compilation_cache:
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()  # forget a "cache off" noted by a compile while it was off
 
 
 def pytest_unconfigure(config):

@@ -9,7 +9,7 @@ import pytest
 
 from t5x_lite.checkpoints import verify
 from tests.checkpoints.test_verified_checkpoints import tree_digest
-from tests.cli_helpers import TINY_MODEL, run_cli, start_cli, train
+from tests.cli_helpers import TINY_MODEL, run_cli_in_process, start_cli, train
 
 
 def _train_args(data_dir, model_dir, *extra):
@@ -33,8 +33,9 @@ def test_a_second_trainer_on_a_running_model_dir_stops_and_changes_nothing(data_
                 break
         assert (model_dir / "lease.json").exists(), "".join(lines)
         before = {k: v for k, v in tree_digest(model_dir).items() if k.startswith("config")}
-        second = run_cli(*_train_args(data_dir, model_dir, "--gin.TRAIN_STEPS=5",
-                                      "--gin.WarmupCosine.peak_learning_rate=0.5"))
+        # Refused before it writes anything: run through the CLI's main in this process.
+        second = run_cli_in_process(*_train_args(data_dir, model_dir, "--gin.TRAIN_STEPS=5",
+                                                 "--gin.WarmupCosine.peak_learning_rate=0.5"))
         assert second.returncode == 2, second.stdout + second.stderr
         errors = _error_lines(second.stderr)
         assert len(errors) == 1 and "in use by another run" in errors[0] and f"pid {first.pid}" in errors[0]

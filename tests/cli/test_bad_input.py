@@ -100,13 +100,13 @@ def test_model_dir_with_a_different_model_is_left_untouched(data_dir, trained_ru
     model_dir = tmp_path / "run"
     shutil.copytree(trained_run[0], model_dir)
     before = tree_digest(model_dir)
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.DecoderConfig.emb_dim=32")
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.DecoderConfig.emb_dim=32")
     assert_bad_input(result, "holds checkpoints of a different model", "emb_dim: checkpoint 64 vs config 32",
                      "new --gin.MODEL_DIR")
     assert tree_digest(model_dir) == before
     # The same model with another optimizer state (no clipping): refused when the state is read,
     # and the directory's config.gin still describes the run whose checkpoints it holds.
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.AdamW.clip_grad_norm=None")
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=12", "--gin.AdamW.clip_grad_norm=None")
     assert_bad_input(result, "Nothing was changed")
     assert tree_digest(model_dir) == before
 
@@ -196,11 +196,18 @@ def test_a_model_dir_below_a_file_is_refused(data_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
 
 
-def test_an_unreachable_s3_endpoint_is_named(data_dir):
+def test_an_unreachable_s3_endpoint_is_named(data_dir, monkeypatch):
     """Nothing listens on port 9 of the loopback: the model directory's first access fails, up front."""
-    result = train(data_dir, "s3://t5x-lite-test/unreachable", "--gin.TRAIN_STEPS=2",
-                   extra_env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
-                              "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    import s3fs
+
+    for key, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1",
+                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()  # no file system of another test's endpoint
+    try:
+        result = train_in_process(data_dir, "s3://t5x-lite-test/unreachable", "--gin.TRAIN_STEPS=2")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
     assert_bad_input(result, "error: Cannot reach 's3://t5x-lite-test/unreachable': the S3 endpoint "
                              "http://127.0.0.1:9 does not answer", "AWS_ENDPOINT_URL")
 

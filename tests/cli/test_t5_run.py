@@ -10,7 +10,7 @@ import pytest
 
 from t5x_lite.data import builtin_tasks
 from tests.cli.test_bad_input import assert_bad_input
-from tests.cli_helpers import VOCAB, losses, run_cli
+from tests.cli_helpers import VOCAB, losses, run_cli, run_cli_in_process
 
 EXTRA_IDS = 100  # tasks.span_corruption.EXTRA_IDS
 MODEL_VOCAB = 640  # 512 pieces + 100 sentinels, padded to a multiple of 128
@@ -30,6 +30,12 @@ def train_t5(data_dir: Path, model_dir: Path, *extra: str):
     """The T5 quickstart run with a tiny T5 on `data_dir`, plus `extra` flags."""
     return run_cli("train", "--gin_file=runs/t5_quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
                    f"--gin.MODEL_DIR='{model_dir}'", *T5_TINY, *extra)
+
+
+def train_t5_in_process(data_dir: Path, model_dir: Path, *extra: str):
+    """The same flags through the CLI's main in this process: for runs refused before any work."""
+    return run_cli_in_process("train", "--gin_file=runs/t5_quickstart.gin", f"--gin.DATA_DIR='{data_dir}'",
+                              f"--gin.MODEL_DIR='{model_dir}'", *T5_TINY, *extra)
 
 
 def checkpoint_steps(model_dir: Path) -> list[int]:
@@ -138,21 +144,22 @@ def test_span_corruption_examples(span_corruption_examples):
 
 
 def test_t5_with_the_lm_feature_converter(small_data_dir, tmp_path):
-    result = train_t5(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
-                      "--gin.train/DataConfig.feature_converter='lm'")
+    result = train_t5_in_process(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
+                                 "--gin.train/DataConfig.feature_converter='lm'")
     assert_bad_input(result, "feature_converter", "'enc_dec'")
     assert checkpoint_steps(tmp_path / "run") == []
     assert not (tmp_path / "run").exists()
 
 
 def test_t5_without_inputs_length(small_data_dir, tmp_path):
-    result = train_t5(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.INPUTS_LENGTH=None")
+    result = train_t5_in_process(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.INPUTS_LENGTH=None")
     assert_bad_input(result, "INPUTS_LENGTH")
     assert not (tmp_path / "run").exists()
 
 
 def test_t5_vocabulary_too_small(small_data_dir, tmp_path):
-    result = train_t5(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2", f"--gin.T5Config.vocab_size={VOCAB}")
+    result = train_t5_in_process(small_data_dir, tmp_path / "run", "--gin.TRAIN_STEPS=2",
+                                 f"--gin.T5Config.vocab_size={VOCAB}")
     assert_bad_input(result, f"T5Config.vocab_size={VOCAB}", f"vocabulary has {VOCAB + EXTRA_IDS} entries",
                      f"--gin.T5Config.vocab_size={VOCAB + EXTRA_IDS}")
     assert not (tmp_path / "run").exists()

@@ -22,7 +22,7 @@ from t5x_lite.evaluation.eval_loop import steps_to_evaluate
 from t5x_lite.inference import decoding, infer_loop, predict
 from t5x_lite.inference.infer_loop import chunk_ranges, shard_chunks
 from t5x_lite.models import DecoderConfig, T5Config
-from tests.cli_helpers import VOCAB, run_cli, start_cli
+from tests.cli_helpers import VOCAB, run_cli, run_cli_in_process, start_cli
 from tests.evaluation.model_dirs import save_model_dir
 
 STEPS = (2, 4)
@@ -286,5 +286,6 @@ def test_infer_cli_killed_then_resumed_writes_every_line_once(model_dir, tmp_pat
 
     too_long = tmp_path / "long.jsonl"
     too_long.write_text(json.dumps({"prompt": "y = 2 " * 200}) + "\n")
-    bad = run_cli("infer", *flags[:2], f"--gin.PROMPTS='{too_long}'", f"--gin.OUTPUT='{tmp_path / 'bad.jsonl'}'")
+    bad = run_cli_in_process("infer", *flags[:2], f"--gin.PROMPTS='{too_long}'",  # refused up front
+                             f"--gin.OUTPUT='{tmp_path / 'bad.jsonl'}'")
     assert bad.returncode == 2 and "prompt 0 has" in bad.stderr, bad.stderr[-2000:]

@@ -23,7 +23,7 @@ from t5x_lite.parallel.distributed import (
     ProcessGroup,
 )
 from tests.cli.test_bad_input import assert_bad_input
-from tests.cli_helpers import run_cli, run_processes, train
+from tests.cli_helpers import run_cli_in_process, run_processes, train, train_in_process
 
 
 def free_port() -> int:
@@ -308,21 +308,21 @@ def test_train_refuses_an_unreachable_coordinator(data_dir, tmp_path):
 
 def test_train_refuses_a_process_id_out_of_range(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=2", "--process_id=2", "--num_processes=2",
-                   "--coordinator_address=127.0.0.1:1234")
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=2", "--process_id=2", "--num_processes=2",
+                              "--coordinator_address=127.0.0.1:1234")
     assert_bad_input(result, "--process_id=2 is out of range", "use 0 to 1")
     assert not model_dir.exists()
 
 
 def test_train_refuses_incomplete_multi_process_flags(data_dir, tmp_path):
     model_dir = tmp_path / "run"
-    result = train(data_dir, model_dir, "--gin.TRAIN_STEPS=2", "--num_processes=2")
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=2", "--num_processes=2")
     assert_bad_input(result, "missing --coordinator_address, --process_id")
     assert not model_dir.exists()
 
 
 def test_train_help_lists_the_multi_process_flags():
-    result = run_cli("train", "--help")
+    result = run_cli_in_process("train", "--help")
     assert result.returncode == 0, result.stderr[-3000:]
     for flag in ("--coordinator_address", "--num_processes", "--process_id", "--distributed", "--distributed_timeout"):
         assert flag in result.stdout, flag
