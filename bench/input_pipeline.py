@@ -1,16 +1,22 @@
 """input_pipeline: prepare MB/s, packed-batch tokens/s vs. the train step's, epoch counting, iterator state.
 
 1. `prepare`: the Python standard library's source (or, with --quick, its json and urllib
-   packages) tokenized into TFRecords with all cores; MB/s of raw text for the whole command
-   (vocabulary training included) and for tokenizing + writing alone.
-2. Pipeline: `BatchIterator` over that data (LM task, packed rows of --seq_len, --batch_size
-   rows), timed over --batches batches after the first; tokens/s counts every row position.
-   The train step's consumption is `Trainer.train_step` of the quickstart's tiny decoder and
-   of the throughput benchmark's d512 decoder at the same batch shape (the fastest and a
-   typical consumer); the ratio is pipeline tokens/s over step tokens/s.
-3. Planned epochs: the time of the counting pass of one epoch, next to reading the epoch.
+   packages) tokenized into TFRecords (and their offset index) with all cores; MB/s of raw text
+   for the whole command (vocabulary training included) and for tokenizing + writing alone.
+2. Pipelines: the streaming `BatchIterator` (seqio task, packing) and the index path's
+   `IndexedBatchIterator` over that data (packed rows of --seq_len, --batch_size rows), each
+   timed over --batches batches after the first; tokens/s counts every row position. The train
+   step's consumption is `Trainer.train_step` of the quickstart's tiny decoder and of the
+   throughput benchmark's d512 decoder at the same batch shape (the fastest and a typical
+   consumer); the ratio is pipeline tokens/s over step tokens/s.
+3. Planned epochs (streaming): the time of the counting pass of one epoch, next to reading it.
 4. Iterator checkpoint: the state's size as JSON, and the time of `set_state` + the first
-   batch at several positions (restore rebuilds the epoch and skips what was taken).
+   batch at several positions. Streaming rebuilds the epoch and skips what was taken, so it is
+   timed at --restore_positions. The index path seeks, so it is timed at
+   --index_restore_positions (up to 10^6 batches into one epoch): as the corpus is far smaller
+   than that, it reads a split whose index lists the corpus's records K times over (the
+   shards themselves, read at the indexed offsets, are the prepared ones), so one epoch
+   holds more batches than the last position.
 """
 
 from __future__ import annotations
@@ -24,14 +30,17 @@ import numpy as np
 from bench import common
 
 DEFAULTS = {"seq_len": 256, "batch_size": 16, "batches": 200, "step_batches": 5,
-            "restore_positions": "0,100,400,800"}
-QUICK = {"batches": 20, "step_batches": 2, "restore_positions": "0,10,40"}
+            "restore_positions": "0,100,400,800", "index_restore_positions": "0,1000,100000,1000000"}
+QUICK = {"batches": 20, "step_batches": 2, "restore_positions": "0,10,40", "index_restore_positions": "0,1000,100000"}
 
 
 def add_arguments(parser) -> None:
     for key in ("seq_len", "batch_size", "batches", "step_batches"):
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
-    parser.add_argument("--restore_positions", help=f"batches taken before restoring (default {DEFAULTS['restore_positions']})")
+    parser.add_argument("--restore_positions",
+                        help=f"batches taken before restoring (default {DEFAULTS['restore_positions']})")
+    parser.add_argument("--index_restore_positions",
+                        help=f"index path: batches into the epoch (default {DEFAULTS['index_restore_positions']})")
     parser.add_argument("--data_dir", help="a prepared directory to read instead of preparing one")
 
 
@@ -53,9 +62,18 @@ def iterator_for(task: str, s: dict, **kwargs):
     return input_pipeline.BatchIterator(config, num_epochs=None, host_batch_size=s["batch_size"], **kwargs)
 
 
-def pipeline_tokens_per_second(task: str, s: dict) -> tuple[float, float]:
+def indexed_iterator_for(task: str, s: dict):
+    from t5x_lite.data import index_plan, indexed_input, task_access
+
+    config = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0,
+                                    reader="index")
+    plan, _ = index_plan.plan(config)
+    return indexed_input.IndexedBatchIterator(plan, num_epochs=None, host_batch_size=s["batch_size"])
+
+
+def pipeline_tokens_per_second(task: str, s: dict, make=iterator_for) -> tuple[float, float]:
     """(tokens/s over all row positions, fraction of positions holding real tokens)."""
-    iterator = iterator_for(task, s)
+    iterator = make(task, s)
     next(iterator)  # the pipeline's start-up is not throughput
     batches, seconds = common.timed(lambda: [next(iterator) for _ in range(s["batches"])])
     real = float(np.mean([b["decoder_loss_weights"].mean() for b in batches]))
@@ -110,6 +128,53 @@ def restore_times(task: str, s: dict) -> list[tuple[int, float, int]]:
     return out
 
 
+def repeated_directory(data_dir: str, out_dir: str, *, repeat: int) -> None:
+    """A prepared directory whose train index lists `data_dir`'s records `repeat` times over,
+    shard by shard (its shards and vocabulary are links to `data_dir`'s)."""
+    from t5x_lite.data import prepared_dataset, record_index
+
+    os.makedirs(out_dir)
+    metadata = prepared_dataset.read_metadata(data_dir)
+    for name in os.listdir(data_dir):
+        if name != prepared_dataset.METADATA_FILE and not name.endswith(".index.npy"):
+            os.symlink(os.path.abspath(os.path.join(data_dir, name)), os.path.join(out_dir, name))
+    entry = metadata["splits"]["train"]
+    index = np.load(os.path.join(data_dir, entry["index"]["file"]))
+    starts = np.concatenate([[0], np.cumsum(entry["index"]["records_per_shard"])])
+    offsets, lengths = [], []
+    for a, b in zip(starts[:-1], starts[1:]):
+        offsets.append(np.tile(index[a:b, 0], repeat))
+        lengths.append(np.tile(np.diff(index[a:b + 1, 1]), repeat))
+    repeated = np.stack([np.concatenate([*offsets, [0]]),
+                         np.concatenate([[0], np.cumsum(np.concatenate(lengths))])], axis=1).astype(np.int64)
+    counts = [c * repeat for c in entry["index"]["records_per_shard"]]
+    entry["index"] = record_index.write_index(out_dir, "train", repeated, counts)
+    entry["num_examples"] *= repeat
+    entry["num_tokens"] *= repeat
+    prepared_dataset.write_metadata(out_dir, metadata)
+
+
+def index_restore_times(data_dir: str, tmp: str, s: dict) -> tuple[list[tuple[int, float, int]], int, int]:
+    """(position, seconds for set_state + first batch, state bytes) for the index path, the
+    repetition K and the epoch's batches."""
+    from t5x_lite.data import prepared_dataset, task_factories
+
+    positions = common.ints(s["index_restore_positions"])
+    stream = prepared_dataset.read_metadata(data_dir)["splits"]["train"]["index"]["stream_tokens"]
+    repeat = max(1, -(-(max(positions) + 1) * s["batch_size"] * s["seq_len"] // stream))
+    big = os.path.join(tmp, f"repeated_{repeat}")
+    repeated_directory(data_dir, big, repeat=repeat)
+    task = task_factories.lm_task(name="bench_input_pipeline_repeated", data_dir=big)
+    out = []
+    for position in positions:
+        resumed = indexed_iterator_for(task, s)
+        state = {**resumed.get_state(), "epoch": 0, "batches_in_epoch": position}
+        _, seconds = common.timed(lambda: (resumed.set_state(state), next(resumed)))
+        resumed.close()
+        out.append((position, seconds, len(json.dumps(state))))
+    return out, repeat, indexed_iterator_for(task, s).steps_per_epoch
+
+
 def run(args, command: str) -> dict:
     from t5x_lite.data import input_pipeline, task_access, task_factories
 
@@ -130,16 +195,19 @@ def run(args, command: str) -> dict:
         task = task_factories.lm_task(name="bench_input_pipeline", data_dir=data_dir)
         vocab_size = task_access.vocabulary_size(task_access.DataConfig(task))
 
-        common.progress("timing the input pipeline")
+        common.progress("timing the input pipelines")
         pipeline_tps, real_fraction = pipeline_tokens_per_second(task, s)
+        index_tps, index_real = pipeline_tokens_per_second(task, s, make=indexed_iterator_for)
         rows = []
         for name, model_config in models(-(-vocab_size // 128) * 128, s["seq_len"], args.quick).items():
             common.progress(f"timing train steps of the {name}")
             step_tps = step_tokens_per_second(model_config, s)
-            rows.append([name, f"{step_tps:,.0f}", f"{pipeline_tps:,.0f}", f"{pipeline_tps / step_tps:.1f}x"])
-        print(f"\npipeline vs. train step ({s['batch_size']} x {s['seq_len']} packed rows, "
-              f"{100 * real_fraction:.1f}% of positions hold tokens):\n")
-        print(common.table(["consumer", "step tokens/s", "pipeline tokens/s", "pipeline / step"], rows))
+            rows.append([name, f"{step_tps:,.0f}", f"{pipeline_tps:,.0f}", f"{pipeline_tps / step_tps:.1f}x",
+                         f"{index_tps:,.0f}", f"{index_tps / step_tps:.1f}x"])
+        print(f"\npipelines vs. train step ({s['batch_size']} x {s['seq_len']} packed rows; positions holding "
+              f"tokens: streaming {100 * real_fraction:.1f}%, index {100 * index_real:.1f}%):\n")
+        print(common.table(["consumer", "step tokens/s", "streaming tokens/s", "streaming / step",
+                            "index tokens/s", "index / step"], rows))
 
         common.progress("timing an epoch: counting pass and reading")
         cfg = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
@@ -154,7 +222,13 @@ def run(args, command: str) -> dict:
 
         common.progress("timing iterator restores")
         restores = restore_times(task, s)
-        print("\niterator checkpoint: state size and restore time (set_state + first batch):\n")
+        print("\niterator checkpoint, streaming: state size and restore time (set_state + first batch):\n")
         print(common.table(["position (batches)", "state bytes (JSON)", "restore s"],
                            [[p, b, f"{t:.2f}"] for p, t, b in restores]))
-    return {"pipeline_tokens_per_second": pipeline_tps}
+        common.progress("timing restores by index")
+        index_restores, repeat, epoch_batches = index_restore_times(data_dir, tmp, s)
+        print(f"\niterator checkpoint, by index (the corpus's records listed {repeat} times over: "
+              f"{epoch_batches:,} batches per epoch): state size and restore time (set_state + first batch):\n")
+        print(common.table(["position (batches)", "state bytes (JSON)", "restore s"],
+                           [[p, b, f"{t:.4f}"] for p, t, b in index_restores]))
+    return {"pipeline_tokens_per_second": pipeline_tps, "index_tokens_per_second": index_tps}

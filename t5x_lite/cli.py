@@ -1,6 +1,7 @@
 """The `t5x-lite` command: one entry point for every job.
 
     t5x-lite prepare --input=PATH --out=DIR      text/jsonl -> SentencePiece vocab + TFRecords
+    t5x-lite index DATA_DIR                      write the offset index of a directory prepared without one
     t5x-lite cache --gin_file=FILE --output_cache_dir=DIR   preprocess tasks offline (Apache Beam)
     t5x-lite train --gin_file=FILE ...           train (same flags as python -m t5x_lite.train)
     t5x-lite eval --gin_file=runs/eval.gin ...   perplexity, multiple choice, seqio metrics of checkpoints
@@ -22,6 +23,7 @@ from typing import Sequence
 
 COMMANDS = {
     "prepare": ("t5x_lite.data.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
+    "index": ("t5x_lite.data.index_command", "write a prepared directory's offset index (read by index, O(1) resume)"),
     "cache": ("t5x_lite.config.cache_command", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 
 from t5x_lite import storage
-from t5x_lite.data import hf_vocabulary, prepared_dataset, tfrecord_stream
+from t5x_lite.data import hf_vocabulary, index_plan, prepared_dataset, tfrecord_stream
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -134,8 +134,9 @@ def register_prepared_task(name: str, data_dir: str, *, preprocessors: list, fea
 
 
 def register_lm_task(name: str, data_dir: str) -> seqio.Task:
-    """Registers (or re-registers) an LM task `name` over a prepared directory."""
-    return register_prepared_task(
+    """Registers (or re-registers) an LM task `name` over a prepared directory (readable by index:
+    its rows are the directory's documents + EOS, packed; data/index_plan.py)."""
+    task = register_prepared_task(
         name, data_dir, features=("targets",),
         preprocessors=[
             # `t5x-lite cache` stores the records up to here; splitting depends on the length.
@@ -144,6 +145,8 @@ def register_lm_task(name: str, data_dir: str) -> seqio.Task:
             seqio.preprocessors.append_eos_after_trim,
         ],
     )
+    index_plan.register_lm_task(name, task, data_dir)
+    return task
 
 
 @functools.cache

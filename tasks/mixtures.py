@@ -17,6 +17,10 @@ drawn from at their renormalised rates, so one epoch reads every example of ever
 exactly once and the rates hold only until the first task runs out. Examples are counted
 after each task's preprocessing (for example after long documents are split into pieces),
 before packing.
+
+A mixture of lm_tasks over indexed directories is read by index instead (t5x_lite/data/
+indexed_input.py, docs/data.md): a deterministic schedule keeps the rates exactly per block of
+rows, and one epoch is as many rows as the scarcest task fills in one of its own epochs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import functools
 import numbers
 
+from t5x_lite.data import index_plan
 from t5x_lite.tf_setup import import_tensorflow
 
 from .lm import TaskDataError
@@ -55,7 +60,9 @@ def register_mixture(name: str, tasks: list[tuple[str, float]], *, exhaust_all_t
     _check_tasks(name, tasks)
     seqio.MixtureRegistry.remove(name)
     sample_fn = functools.partial(tf.data.Dataset.sample_from_datasets, stop_on_empty_dataset=not exhaust_all_tasks)
-    return seqio.MixtureRegistry.add(name, [(task, float(rate)) for task, rate in tasks], sample_fn=sample_fn)
+    mixture = seqio.MixtureRegistry.add(name, [(task, float(rate)) for task, rate in tasks], sample_fn=sample_fn)
+    index_plan.register_mixture(name, mixture, tasks, exhaust_all_tasks=exhaust_all_tasks)
+    return mixture
 
 
 def mixture(*, name: str, tasks: list[tuple[str, float]], exhaust_all_tasks: bool = False) -> str:

@@ -11,7 +11,16 @@ Owns:
                        `text_task`, `text_to_text_task`, `mixture`): each registers a task of tasks/
   task_modules.py      importing a user's module of task registrations (MIXTURE_OR_TASK_MODULE)
   task_access.py       `DataConfig` (task, split, lengths, feature converter), `get_task`, `vocabulary_size`
-  input_pipeline.py    epochs of a data shard; `BatchIterator`, checkpointable with a few integers
+  input_pipeline.py    streaming: epochs of a data shard through seqio; `BatchIterator`, checkpointable
+                       with a few integers
+  index_plan.py        whether a run's data is read by index or streamed (and why); the registry
+                       of indexable tasks that tasks/ fills
+  indexed_input.py     by index: `IndexedBatchIterator`, a global shuffle per epoch, O(1) resume
+  record_index.py      a prepared split's offset index: written, checked, records read by number
+  index_command.py     `t5x-lite index DATA_DIR`: the index of a directory prepared without one
+  token_rows.py        packed LM rows cut from a split's token stream (pure)
+  index_permutation.py a seeded permutation evaluated at any position (Feistel; pure)
+  mixing.py            a mixture's deterministic schedule of tasks by position (pure)
   tfrecord_stream.py   TFRecord shards streamed through storage (CRC-checked), for s3://
   tokenizer_files.py   a Hugging Face tokenizer's files: which file a path names, its special ids, the
                        decoder start (BOS, else EOS), whether id 0 is a real token; MODEL_DIR/hf/'s
@@ -23,11 +32,12 @@ Owns:
 
 Public names: `task_access.DataConfig`, `get_task`, `vocabulary_size`; the `task_factories`
 functions; `task_modules.import_task_module`; `input_pipeline.BatchIterator`, `epoch_rows`;
+`index_plan.plan`, `register_lm_task`, `register_mixture`; `indexed_input.IndexedBatchIterator`;
 `prepare.prepare`; `prepared_dataset.read_metadata`; `cache.cache_tasks`;
 `hf_vocabulary.load_path`, `model_dir_vocabulary`, `write_model_dir_files`;
 `tokenizer_files.decoder_start_id`, `zero_is_token`, `model_dir_tokenizer`;
-`feature_converters.feature_converter`. tasks/ uses `prepared_dataset`, `tfrecord_stream` and
-`hf_vocabulary`.
+`feature_converters.feature_converter`. tasks/ uses `prepared_dataset`, `tfrecord_stream`,
+`hf_vocabulary` and `index_plan`.
 
 May import (pyproject.toml's layers contract): parallel, metrics, models, storage, errors,
 tf_setup; and the task modules of tasks/ (outside the package, through builtin_tasks.py).

@@ -353,6 +353,11 @@ class BatchIterator:
                 "shard_index": self.shard_index, "num_shards": self.num_shards}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        if state.get("reader", "stream") != "stream":
+            raise ValueError(
+                f"The checkpoint's data position was saved by the {state['reader']} reader, but this run streams "
+                "the data: the two orders differ, so the position cannot be continued exactly. Resume with "
+                f"--gin.train/DataConfig.reader=\"'{state['reader']}'\".")
         if state["num_shards"] != self.num_shards:
             raise ValueError(
                 f"The saved data position is for {state['num_shards']} data shard(s), but this run reads "

@@ -2,10 +2,11 @@
 
 Layout: `spm.model`/`spm.vocab` (or, prepared with --tokenizer, a Hugging Face tokenizer in
 `tokenizer/`), `<split>-SSSSS-of-NNNNN.tfrecord` (tf.train.Examples with `targets`, the token ids
-without EOS, and `id`), and `metadata.json`, written last so that a directory holding it is
-complete (its `vocabulary` names the vocabulary file; `tokenizer`, when present, the Hugging Face
-tokenizer's kind, source and special ids). Shards are written under temporary names and renamed only once
-every shard is finished, so an interrupted run leaves no shard that looks whole.
+without EOS, and `id`), each split's offset index `<split>.index.npy` (data/record_index.py),
+and `metadata.json`, written last so that a directory holding it is complete (its `vocabulary`
+names the vocabulary file; `tokenizer`, when present, the Hugging Face tokenizer's kind, source
+and special ids). Shards are written under temporary names and renamed only once every shard is
+finished, so an interrupted run leaves no shard that looks whole.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import shutil
 from collections.abc import Iterable
 
 from t5x_lite import storage
+from t5x_lite.data import record_index
 from t5x_lite.data.corpus import SPLITS, Document, split_of
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -47,6 +49,9 @@ class _SplitWriter:
         self._writers = [tf.io.TFRecordWriter(path + _TMP_SUFFIX) for path in paths]
         self.num_examples = 0
         self.num_tokens = 0
+        # Each shard's record sizes and token counts, for the split's offset index.
+        self.record_sizes: list[list[int]] = [[] for _ in paths]
+        self.record_tokens: list[list[int]] = [[] for _ in paths]
 
     def write(self, document_id: int, ids: list[int]) -> None:
         feature = self._tf.train.Feature
@@ -56,7 +61,10 @@ class _SplitWriter:
         }))
         # Deterministic: protobuf may order the feature map differently in another process.
         record = example.SerializeToString(deterministic=True)
-        self._writers[self.num_examples % len(self._writers)].write(record)
+        shard = self.num_examples % len(self._writers)
+        self._writers[shard].write(record)
+        self.record_sizes[shard].append(len(record))
+        self.record_tokens[shard].append(len(ids))
         self.num_examples += 1
         self.num_tokens += len(ids)
 
@@ -80,7 +88,8 @@ class _SplitWriter:
 def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
                  num_shards: dict[str, int], seed: int,
                  validation_fraction: float) -> dict[str, dict]:
-    """Writes each split's records round-robin in document order; returns each split's counts.
+    """Writes each split's records round-robin in document order, and its offset index
+    (record_index.py); returns each split's counts and index entry.
 
     Shards appear under their final names only once every shard is complete.
     """
@@ -100,7 +109,10 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
     for writer in writers.values():
         writer.commit()
     return {split: {"pattern": f"{split}-*-of-*.tfrecord", "num_shards": num_shards[split],
-                    "num_examples": writer.num_examples, "num_tokens": writer.num_tokens}
+                    "num_examples": writer.num_examples, "num_tokens": writer.num_tokens,
+                    "index": record_index.write_index(
+                        out_dir, split, record_index.build_index(writer.record_sizes, writer.record_tokens),
+                        [len(sizes) for sizes in writer.record_sizes])}
             for split, writer in writers.items()}
 
 
@@ -110,6 +122,7 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
 def is_output(name: str) -> bool:
     """Whether file `name` is the metadata or a shard of a prepared directory."""
     return name == METADATA_FILE or any(fnmatch.fnmatch(name, f"{split}-*-of-*.tfrecord*")
+                                        or name.startswith(record_index.index_file_name(split))
                                         for split in SPLITS)
 
 

@@ -40,6 +40,11 @@ class DataConfig:
       seed: data seed; data shard i (one per process) reads epoch e with input_pipeline.epoch_seed(seed, e, i),
         a hash of the three (for the shuffle and seqio's random preprocessors).
       use_cached: read seqio's offline cache of the task.
+      reader: how training reads the split: 'index' (rows addressed by number through the split's
+        offset index: a global shuffle per epoch, epoch lengths known up front, constant-time
+        resume; an LM task over a prepared directory, or a mixture of them), 'stream' (seqio's
+        tf.data pipeline), or 'auto' (index when the task can be read that way, else stream;
+        the run's start-up line says which and why). See docs/data.md.
       task_feature_lengths: t5x's form of the two lengths, {'inputs': N, 'targets': M}: 'targets'
         is sequence_length ('prefix_lm': inputs + targets), 'inputs' is inputs_length. When set,
         sequence_length and inputs_length must be None or agree with it.
@@ -56,6 +61,7 @@ class DataConfig:
     seed: int = 0
     use_cached: bool = False
     task_feature_lengths: Mapping[str, int] | None = None
+    reader: str = "auto"
 
     def __post_init__(self):
         sequence_length, inputs_length = self._lengths()
@@ -64,6 +70,8 @@ class DataConfig:
         if self.feature_converter is not None and self.feature_converter not in FEATURE_CONVERTERS:
             raise ConfigValueError(f"Unknown feature_converter {self.feature_converter!r}; choose one of "
                              f"{list(FEATURE_CONVERTERS)}.")
+        if self.reader not in READERS:
+            raise ConfigValueError(f"Unknown DataConfig.reader {self.reader!r}; choose one of {list(READERS)}.")
         if self.feature_converter == "enc_dec" and not self.inputs_length:
             raise ConfigValueError("feature_converter='enc_dec' needs DataConfig.inputs_length (the encoder's "
                              "length); set --gin.INPUTS_LENGTH=... .")
@@ -142,6 +150,8 @@ class DataConfig:
             shapes["decoder_causal_attention"] = (rows, self.sequence_length)
         return shapes
 
+
+READERS = ("auto", "index", "stream")
 
 # Name -> (seqio feature converter class name, the model family it feeds); a family's first
 # converter is its default.

@@ -10,7 +10,10 @@ from t5x_lite.metrics.writer import MetricsWriter
 
 
 def describe_epoch_stats(stats: dict[str, int]) -> str:
-    """'N examples' plus, when any, how many were cut to the feature lengths."""
+    """'N examples' plus, when any, how many were cut to the feature lengths (streaming), or
+    'N rows (M tokens)' (read by index: whole documents, none cut)."""
+    if "rows" in stats:
+        return f"{stats['rows']:,} rows ({stats['tokens']:,} tokens) read"
     text = f"{stats.get('examples', 0):,} examples read"
     cut = {k[len("truncated_"):]: v for k, v in stats.items() if k.startswith("truncated_") and v}
     if cut:

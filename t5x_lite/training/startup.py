@@ -21,7 +21,7 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints import lease as lease_lib
-from t5x_lite.data import hf_vocabulary, input_pipeline, task_access
+from t5x_lite.data import hf_vocabulary, index_plan, indexed_input, input_pipeline, task_access
 from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.parallel import partitioning
@@ -86,43 +86,59 @@ def model_dir_lease(model_dir: str, *, is_chief: bool, num_processes: int = 1) -
 class TrainData:
     """The train iterator of this process and how the batch is split over processes."""
 
-    iterator: input_pipeline.BatchIterator
+    iterator: input_pipeline.BatchIterator | indexed_input.IndexedBatchIterator
     steps_per_epoch: int | None  # None when epochs are not planned
     num_shards: int
     host_batch: int
+    streamed_because: str  # why the data is read by streaming; '' when it is read by index
 
 
 def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -> TrainData:
-    """The train iterator, with the train and eval pipelines built now: a bad length or split
-    stops the run before anything is written (the iterator keeps the pipeline it built)."""
+    """The train iterator (by index when the task allows, else streaming), with the train and eval
+    pipelines built now: a bad length or split stops the run before anything is written."""
     shard, num_shards, host_batch = partitioning.process_data_shard(batch_sharding, spec.train_data.batch_size)
-    # Several data shards must stop together, so their epochs are always planned (counted up front).
-    plan_epochs = plan_epochs or num_shards > 1
-    iterator = input_pipeline.BatchIterator(spec.train_data, num_epochs=spec.num_epochs, host_batch_size=host_batch,
-                                            shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
     with validation.pipeline_errors(spec.train_data):
-        steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
-        iterator.prepare()
+        plan, streamed_because = index_plan.plan(spec.train_data)
+    if plan is not None:
+        iterator = indexed_input.IndexedBatchIterator(plan, num_epochs=spec.num_epochs, host_batch_size=host_batch,
+                                                      shard_index=shard, num_shards=num_shards)
+        steps_per_epoch = iterator.steps_per_epoch
+        with validation.pipeline_errors(spec.train_data):
+            iterator.prepare()
+    else:
+        # Several data shards must stop together, so their epochs are always planned (counted up front).
+        plan_epochs = plan_epochs or num_shards > 1
+        iterator = input_pipeline.BatchIterator(spec.train_data, num_epochs=spec.num_epochs,
+                                                host_batch_size=host_batch, shard_index=shard,
+                                                num_shards=num_shards, plan_epochs=plan_epochs)
+        with validation.pipeline_errors(spec.train_data):
+            steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
+            iterator.prepare()
     if spec.eval_data is not None:
         with validation.pipeline_errors(spec.eval_data):
             input_pipeline.epoch_rows(spec.eval_data, epoch=0, shard_index=shard, num_shards=num_shards)
-    return TrainData(iterator=iterator, steps_per_epoch=steps_per_epoch, num_shards=num_shards, host_batch=host_batch)
+    return TrainData(iterator=iterator, steps_per_epoch=steps_per_epoch, num_shards=num_shards, host_batch=host_batch,
+                     streamed_because=streamed_because)
 
 
 def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData, *,
                  mesh_note: str | None = None) -> None:
-    """The start-up lines: the model and mesh (and why, when it was chosen), and (when planned) the epochs."""
+    """The start-up lines: the model and mesh (and why, when it was chosen), and how the data is read."""
     model = spec.model
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
                  f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
                  + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
                  + (f": {mesh_note}" if mesh_note else ""))
-    if data.steps_per_epoch:
+    epochs = f"{spec.num_epochs or 'unlimited'} epoch(s)"
+    if isinstance(data.iterator, indexed_input.IndexedBatchIterator):
+        writer.print(f"data: {data.iterator.describe()}; {epochs}")
+    elif data.steps_per_epoch:
         writer.print(f"data: {data.steps_per_epoch} steps per epoch of {spec.train_data.mixture_or_task_name!r} "
-                     f"(epoch 0, counted; later epochs are counted as they start), "
-                     f"{spec.num_epochs or 'unlimited'} epoch(s), {data.num_shards} data shard(s) of "
-                     f"{data.host_batch} rows")
+                     f"(epoch 0, counted; later epochs are counted as they start), {epochs}, {data.num_shards} "
+                     f"data shard(s) of {data.host_batch} rows; read by streaming: {data.streamed_because}")
+    else:
+        writer.print(f"data: {spec.train_data.mixture_or_task_name!r} read by streaming: {data.streamed_because}")
 
 
 def write_run_files(work_dir: str, *, config_text: str, train_data: task_access.DataConfig) -> None:

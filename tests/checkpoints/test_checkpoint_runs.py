@@ -55,6 +55,7 @@ def test_resume_after_sigkill_and_sigterm_is_bitwise_exact(data_dir, tmp_path):
     straight = train(data_dir, tmp_path / "straight", *COMMON, *EIGHT, devices=8)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "mesh {'replica': 1, 'data': 1, 'fsdp': 4, 'tensor': 2} on 8 cpu" in straight.stdout
+    assert "data: read by index" in straight.stdout  # each restart seeks to its batch (docs/data.md)
 
     run = tmp_path / "interrupted"
     code, out = _interrupt(data_dir, run, sig=signal.SIGKILL, at_step=kill_at, delay=kill_delay, extra=EIGHT)

@@ -179,6 +179,18 @@ def test_a_bad_value_is_refused_before_anything_is_written(data_dir, trained_run
     assert_untouched(model_dir, digest, config_mtime)
 
 
+def test_a_data_position_saved_by_the_other_reader_is_refused(data_dir, trained_run, tmp_path):
+    """The trained run read its data by index; streaming it (another order) cannot continue it, and
+    a changed batch size changes the epochs: both refused, the directory untouched."""
+    model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=80", "--gin.train/DataConfig.reader='stream'")
+    assert_bad_input(result, "saved by the index reader", "reader=\"'index'\"", "Nothing was changed")
+    assert_untouched(model_dir, digest, config_mtime)
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=80", "--gin.BATCH_SIZE=32")
+    assert_bad_input(result, "epochs of", "BATCH_SIZE the run was saved with", "Nothing was changed")
+    assert_untouched(model_dir, digest, config_mtime)
+
+
 def test_a_mesh_larger_than_the_devices_is_refused_before_anything_is_written(data_dir, trained_run, tmp_path):
     """The same in a process of one device, as a user's CPU run has."""
     model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)

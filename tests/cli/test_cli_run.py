@@ -88,8 +88,9 @@ def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_pat
                    "--gin.train.log_period=1000", "--gin.train.eval_period='1 epoch'",
                    "--gin.train.checkpoint_period='1 epoch'", "--gin.train.eval_batches=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    per_epoch = int(re.search(r"data: (\d+) steps per epoch", result.stdout).group(1))
-    ends = [int(m) for m in re.findall(r"epoch \d finished at step (\d+): [\d,]+ examples read", result.stdout)]
+    per_epoch = int(re.search(r"data: read by index: (\d+) steps per epoch", result.stdout).group(1))
+    ends = [int(m) for m in re.findall(r"epoch \d finished at step (\d+): [\d,]+ rows \([\d,]+ tokens\) read",
+                                       result.stdout)]
     assert ends[0] == per_epoch and len(ends) == 2
     evals = [int(m) for m in re.findall(r"step (\d+): validation loss", result.stdout)]
     assert evals == ends, "one evaluation at the end of each epoch, none more"

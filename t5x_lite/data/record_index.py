@@ -1,0 +1,186 @@
+"""The offset index of a prepared split: any record's bytes (and any token of the split) by number.
+
+Format (written by `prepare`, or by `t5x-lite index` for a directory prepared before): beside a
+split's TFRecord shards, `<split>.index.npy` holds one int64 row per record, in shard order
+(every record of shard 0, then of shard 1, ...), plus a final row:
+
+    column 0: the byte offset of the record's frame in its shard
+    column 1: where the record starts in the split's token stream
+
+The token stream is every record's `targets` followed by EOS (what an LM task reads), so record
+r covers stream positions [index[r, 1], index[r + 1, 1]) and the final row holds the stream's
+length. metadata.json's split entry gets `index`: the file, the records per shard and the stream
+length. The records stay where they are, in TFRecord (read by the streaming path too); the
+index adds 16 bytes per record. Reading checks each record's CRCs, as tf.data does.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from t5x_lite import storage
+from t5x_lite.data import tfrecord_stream
+from t5x_lite.data.tfrecord_stream import CorruptRecordError
+from t5x_lite.errors import UserError
+from t5x_lite.tf_setup import import_tensorflow
+
+INDEX_FORMAT = "tfrecord-offsets-1"
+_FRAME = 16  # length (8) + its CRC (4) before a record, the record's CRC (4) after it
+_HEADER = 12
+
+
+class RecordIndexError(UserError, ValueError):
+    """A split's index is missing, unreadable or does not match its shards."""
+
+
+def index_file_name(split: str) -> str:
+    return f"{split}.index.npy"
+
+
+def build_index(shard_records: Sequence[Sequence[int]], shard_lengths: Sequence[Sequence[int]]) -> np.ndarray:
+    """The index rows of a split from each shard's record sizes (bytes) and token counts (without EOS)."""
+    offsets, stream = [], []
+    for sizes, lengths in zip(shard_records, shard_lengths):
+        sizes = np.asarray(sizes, np.int64)
+        offsets.append(np.concatenate([[0], np.cumsum(sizes + _FRAME)[:-1]]) if len(sizes) else sizes)
+        stream.append(np.asarray(lengths, np.int64) + 1)
+    stream_lengths = np.concatenate(stream) if stream else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum(stream_lengths)])
+    return np.stack([np.concatenate([*offsets, [0]]), starts], axis=1).astype(np.int64)
+
+
+def write_index(out_dir: str, split: str, index: np.ndarray, records_per_shard: Sequence[int]) -> dict:
+    """Writes `<split>.index.npy` into `out_dir` (via a temporary name); returns metadata's `index` entry."""
+    path = storage.join(out_dir, index_file_name(split))
+    buffer = io.BytesIO()
+    np.save(buffer, index)
+    if storage.is_url(out_dir):
+        with storage.open(path, "wb") as f:
+            f.write(buffer.getvalue())
+    else:
+        with open(path + ".tmp", "wb") as f:
+            f.write(buffer.getvalue())
+        os.replace(path + ".tmp", path)
+    return {"format": INDEX_FORMAT, "file": index_file_name(split),
+            "records_per_shard": list(map(int, records_per_shard)), "stream_tokens": int(index[-1, 1])}
+
+
+def targets_lengths(records: list[bytes]) -> np.ndarray:
+    """The number of `targets` ids of each serialized tf.train.Example."""
+    return np.asarray([len(t) for t in parse_targets(records)], np.int64)
+
+
+def parse_targets(records: list[bytes]) -> list[np.ndarray]:
+    """Each serialized tf.train.Example's `targets` ids (one TensorFlow call for all)."""
+    if not records:
+        return []
+    tf = import_tensorflow()
+    parsed = tf.io.parse_example(records, {"targets": tf.io.RaggedFeature(tf.int64)})["targets"]
+    values, splits = parsed.flat_values.numpy(), parsed.row_splits.numpy()
+    return [values[splits[i]:splits[i + 1]] for i in range(len(records))]
+
+
+def index_shards(paths: Sequence[str], *, block: int = 1024) -> tuple[np.ndarray, list[int]]:
+    """(index, records per shard) of existing TFRecord shards, read once (CRC-checked)."""
+    sizes, lengths = [], []
+    for path in paths:
+        shard_sizes, shard_lengths, pending = [], [], []
+        for record in tfrecord_stream.iter_records(path):
+            shard_sizes.append(len(record))
+            pending.append(record)
+            if len(pending) == block:
+                shard_lengths.extend(targets_lengths(pending))
+                pending = []
+        shard_lengths.extend(targets_lengths(pending))
+        sizes.append(shard_sizes)
+        lengths.append(shard_lengths)
+    return build_index(sizes, lengths), [len(s) for s in sizes]
+
+
+class SplitRecords:
+    """Random access to one split of a prepared directory through its index (any storage path).
+
+    A local index is memory-mapped (no O(records) memory); a remote one is read whole.
+    Thread-safe: each thread keeps its own open shard files.
+    """
+
+    def __init__(self, data_dir: str, split: str, split_entry: dict):
+        entry = split_entry.get("index")
+        if not entry or entry.get("format") != INDEX_FORMAT:
+            raise RecordIndexError(f"Split {split!r} of {data_dir!r} has no index; write one with "
+                              f"`t5x-lite index {data_dir}` (or read it by streaming: DataConfig.reader='stream').")
+        self.data_dir, self.split = data_dir, split
+        num_shards = int(split_entry["num_shards"])
+        pattern = split_entry["pattern"].replace("*-of-*", "{:05d}-of-" + f"{num_shards:05d}")
+        self.shard_paths = [storage.join(data_dir, pattern.format(i)) for i in range(num_shards)]
+        self.index = self._load(storage.join(data_dir, entry["file"]))
+        counts = np.asarray(entry["records_per_shard"], np.int64)
+        self.shard_starts = np.concatenate([[0], np.cumsum(counts)])
+        if len(counts) != num_shards or len(self.index) != int(counts.sum()) + 1 or \
+                int(self.index[-1, 1]) != int(entry["stream_tokens"]):
+            raise RecordIndexError(f"The index of split {split!r} of {data_dir!r} does not match metadata.json "
+                              f"(records or shards differ); write it again with `t5x-lite index {data_dir}`.")
+        self.num_records = int(counts.sum())
+        self.stream_tokens = int(entry["stream_tokens"])
+        self._local = threading.local()
+
+    def _load(self, path: str) -> np.ndarray:
+        try:
+            if storage.is_url(path):
+                with storage.open(path, "rb") as f:
+                    return np.load(io.BytesIO(f.read()))
+            return np.load(path, mmap_mode="r")
+        except (OSError, ValueError, storage.StorageError) as e:
+            raise RecordIndexError(f"Cannot read the index {path!r} ({e}); write it again with "
+                              f"`t5x-lite index {self.data_dir}`.") from None
+
+    def records_covering(self, start: int, stop: int) -> range:
+        """The records that hold stream positions [start, stop)."""
+        starts = self.index[:, 1]
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        last = int(np.searchsorted(starts, stop - 1, side="right")) - 1
+        return range(first, last + 1)
+
+    def stream_start(self, record: int) -> int:
+        return int(self.index[record, 1])
+
+    def _file(self, shard: int):
+        files = self._local.__dict__.setdefault("files", {})
+        if shard not in files:
+            path = self.shard_paths[shard]
+            files[shard] = open(path, "rb") if not storage.is_url(path) else storage.open(path, "rb")  # noqa: SIM115
+        return files[shard]
+
+    def read(self, records: Iterable[int]) -> list[bytes]:
+        """The serialized records, CRC-checked (CorruptRecordError names the file and byte)."""
+        out = []
+        for record in records:
+            shard = int(np.searchsorted(self.shard_starts, record, side="right")) - 1
+            offset = int(self.index[record, 0])
+            f = self._file(shard)
+            f.seek(offset)
+            header = f.read(_HEADER)
+            path = self.shard_paths[shard]
+            length_crc = int.from_bytes(header[8:], "little")
+            if len(header) < _HEADER or tfrecord_stream.masked_crc32c(header[:8]) != length_crc:
+                raise CorruptRecordError(f"{path!r}: no intact record at byte {offset} (the index says one starts "
+                                         f"there); the shard changed after it was indexed: prepare the data again "
+                                         f"or run `t5x-lite index {self.data_dir}`.")
+            length = int.from_bytes(header[:8], "little")
+            data = f.read(length + 4)
+            data_crc = int.from_bytes(data[length:], "little")
+            if len(data) < length + 4 or tfrecord_stream.masked_crc32c(data[:length]) != data_crc:
+                raise CorruptRecordError(f"{path!r}: the record at byte {offset} is damaged (bad data checksum or "
+                                         "truncated); prepare the data again or restore the file.")
+            out.append(data[:length])
+        return out
+
+    def close(self) -> None:
+        for f in self._local.__dict__.get("files", {}).values():
+            f.close()
+        self._local = threading.local()
