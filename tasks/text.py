@@ -5,8 +5,10 @@ string field) or TFRecord files (tf.train.Example with the document in a bytes f
 Files are seqio's unit of sharding and shuffling (`seqio.FileDataSource`): with at least as
 many files as data shards each host reads only its own files (with fewer, seqio reads them all
 on every host and shards the examples). The text is tokenized with a SentencePiece
-model, a Hugging Face tokenizer (data/hf_vocabulary.py) or seqio's byte vocabulary, long documents are split into pieces of the targets length
-(with room for EOS), and EOS is appended.
+model, a Hugging Face tokenizer (data/hf_vocabulary.py) or seqio's byte vocabulary, long
+documents are split into pieces of the targets length (with room for EOS), and EOS is appended.
+`t5x-lite cache` stores the tokenized text (up to the CacheDatasetPlaceholder); a run reading
+that cache (use_cached=True) reads it by index (data/index_plan.py).
 
 A record without usable text (a jsonl line that is not a JSON object with a string field, a
 TFRecord without exactly one value of the feature) stops reading with an error naming the
@@ -25,7 +27,7 @@ import os
 
 from google.protobuf.message import DecodeError
 
-from t5x_lite.data import hf_vocabulary
+from t5x_lite.data import hf_vocabulary, index_plan
 from t5x_lite.tf_setup import import_tensorflow
 
 from .lm import TaskDataError, replace_task
@@ -183,17 +185,21 @@ def register_text_task(name: str, splits: dict[str, str], vocabulary: str, *, fi
     vocab = load_vocabulary(vocabulary)
     source = TextSource(splits, file_format=file_format or file_format_of(list(splits.values())),
                         text_field=text_field, on_bad_line=on_bad_line)
-    return replace_task(
+    task = replace_task(
         name,
         source=source,
         preprocessors=[
             functools.partial(seqio.preprocessors.rekey, key_map={"targets": "text"}),
             functools.partial(seqio.preprocessors.tokenize, copy_pretokenized=False),
+            # `t5x-lite cache` stores the tokenized text up to here (read by index when cached).
+            seqio.CacheDatasetPlaceholder(),
             t5_preprocessors.split_tokens_to_targets_length,
             seqio.preprocessors.append_eos_after_trim,
         ],
         output_features={"targets": seqio.Feature(vocabulary=vocab, add_eos=True)},
     )
+    index_plan.register_lm_task(name, task, None)
+    return task
 
 
 @functools.cache

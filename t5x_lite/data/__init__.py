@@ -28,7 +28,8 @@ Owns:
   hf_sentencepiece.py  `HfSentencePieceVocabulary`: a model's SentencePiece tokenizer.model, its own ids
   hf_vocabulary.py     those vocabularies from a path, a prepared directory or a model directory
   feature_converters.py seqio's converters with the vocabulary's decoder start and a real token 0 kept
-  cache.py             seqio task caching as an Apache Beam pipeline (the `cache` command is in config/)
+  cache.py             seqio task caching as an Apache Beam pipeline, then each cached split's offset index
+                       (the `cache` command is in config/)
 
 Public names: `task_access.DataConfig`, `get_task`, `vocabulary_size`; the `task_factories`
 functions; `task_modules.import_task_module`; `input_pipeline.BatchIterator`, `epoch_rows`;

@@ -4,6 +4,9 @@ Each split of each task runs through the task's preprocessors up to its
 `seqio.CacheDatasetPlaceholder` once, in a Beam pipeline built from seqio's own transforms
 (`seqio.beam_utils`), and lands in OUTPUT_CACHE_DIR/<task>/ in the layout that
 `use_cached=True` reads: shuffled TFRecord shards, info and stats JSON per split, COMPLETED.
+Each split then gets its offset index (data/record_index.py: `<split>.index.npy` and
+`<split>.index.json`, the split entry the index path reads), so a cached LM task is read by
+index like a prepared directory (data/index_plan.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import json
 from typing import Callable, Sequence
 
 from t5x_lite import storage
-from t5x_lite.data import task_access
+from t5x_lite.data import record_index, task_access
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -138,5 +141,22 @@ def cache_tasks(task_names: Sequence[str], output_cache_dir: str, *, registratio
         for split in task.splits:
             with gfile.GFile(seqio.get_cached_stats_path(output_dir, split)) as f:
                 counts[split] = json.load(f)["examples"]
-        log(f"{name}: cached {counts} examples in {output_dir}")
+            if "targets" in task.output_features:
+                index_cached_split(output_dir, split)
+        log(f"{name}: cached {counts} examples in {output_dir} (with offset indexes)")
     return {name: output_dir for name, (_, output_dir) in todo.items()}
+
+
+def index_cached_split(output_dir: str, split: str) -> dict:
+    """Writes the offset index of a cached split's shards; returns its split entry (as in a prepared
+    directory's metadata.json: pattern, num_shards, num_examples, index)."""
+    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
+
+    prefix = seqio.get_cached_tfrecord_prefix(output_dir, split)
+    paths = sorted(storage.glob(f"{prefix}-*-of-*"))
+    index, counts = record_index.index_shards(paths)
+    entry = {"pattern": f"{prefix.rsplit('/', 1)[-1]}-*-of-*", "num_shards": len(paths),
+             "num_examples": sum(counts), "index": record_index.write_index(output_dir, split, index, counts)}
+    storage.write_whole(storage.join(output_dir, record_index.cached_entry_name(split)),
+                        json.dumps(entry, indent=2) + "\n")
+    return entry

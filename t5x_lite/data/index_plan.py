@@ -1,12 +1,13 @@
 """Whether a run's training data can be read by index, and what that reading needs.
 
 The index path (data/indexed_input.py) reads rows by number from a split's offset index
-(data/record_index.py). It can read a task whose rows are a function of the stored tokens
-alone: an LM task over a prepared directory (`lm_task`: documents + EOS, packed), or a
-mixture of such tasks. Everything else is read by streaming through seqio's tf.data
-pipeline: tasks with on-the-fly preprocessing (raw text, span corruption's noise, prefix LM's
-split points), seqio's offline cache, other feature converters, unpacked rows, and mixtures
-with `exhaust_all_tasks`. `plan` says which, and why, for the start-up line.
+(data/record_index.py). It can read a task whose rows are a function of stored tokens alone:
+an LM task over a prepared directory (`lm_task`: documents + EOS, packed), an LM task's offline
+cache (`use_cached=True`: `lm_task`, or `text_task` whose cache holds the tokenized text), or a
+mixture of such tasks. Everything else is read by streaming through seqio's tf.data pipeline:
+tasks with on-the-fly preprocessing (raw text read uncached, span corruption's noise, prefix
+LM's split points), other feature converters, unpacked rows, and mixtures with
+`exhaust_all_tasks`. `plan` says which, and why, for the start-up line.
 
 The task modules of tasks/ register here what they know of a task (`register_lm_task`,
 `register_mixture`); a registration counts only while seqio still holds the same object
@@ -16,18 +17,21 @@ under that name, so a task re-registered in another way is not mistaken for an i
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Sequence
 
+from t5x_lite import storage
 from t5x_lite.data import prepared_dataset, record_index, tokenizer_files
 from t5x_lite.data.task_access import DataConfig, get_task
 from t5x_lite.errors import ConfigValueError
 
-_LM_TASKS: dict[str, tuple[Any, str]] = {}  # name -> (seqio task, prepared directory)
+_LM_TASKS: dict[str, tuple[Any, str | None]] = {}  # name -> (seqio task, prepared directory or None)
 _MIXTURES: dict[str, tuple[Any, tuple[tuple[str, float], ...], bool]] = {}  # name -> (mixture, rates, exhaust)
 
 
-def register_lm_task(name: str, task: Any, data_dir: str) -> None:
-    """Records that seqio task `name` (`task`) is an LM task over the prepared directory `data_dir`."""
+def register_lm_task(name: str, task: Any, data_dir: str | None) -> None:
+    """Records that seqio task `name` (`task`) is an LM task over the prepared directory `data_dir`
+    (None: over raw text, indexable only through its offline cache)."""
     _LM_TASKS[name] = (task, data_dir)
 
 
@@ -59,7 +63,7 @@ class NotIndexable(Exception):
     """Why a task is read by streaming (the message is the reason)."""
 
 
-def _leaves(name: str, rate: float, split: str) -> list[tuple[str, str, float]]:
+def _leaves(name: str, rate: float, split: str) -> list[tuple[str, str | None, float]]:
     """(task name, prepared directory, rate) of each task under `name`, or NotIndexable."""
     provider = get_task(name)
     if name in _MIXTURES and _MIXTURES[name][0] is provider:
@@ -74,23 +78,44 @@ def _leaves(name: str, rate: float, split: str) -> list[tuple[str, str, float]]:
                        "while reading)")
 
 
-def _plan(config: DataConfig) -> IndexPlan:
+def _cached_entry(name: str, split: str) -> tuple[str, dict]:
+    """(cache directory, split entry) of task `name`'s indexed offline cache, or NotIndexable."""
+    cache_dir = get_task(name).cache_dir
+    if not cache_dir:
+        raise NotIndexable(f"task {name!r} has no offline cache")
+    path = storage.join(cache_dir, record_index.cached_entry_name(split))
+    if not storage.exists(path):
+        raise NotIndexable(f"the offline cache of {name!r} in {cache_dir!r} has no index for split {split!r} "
+                           "(build the cache again with `t5x-lite cache ... --overwrite`)")
+    with storage.open(path, "r") as f:
+        return cache_dir, json.load(f)
+
+
+def _split_entry(name: str, data_dir: str | None, config: DataConfig) -> tuple[str, dict]:
+    """(directory, split entry) that task `name` is read from by index, or NotIndexable."""
     if config.use_cached:
-        raise NotIndexable("it reads seqio's offline cache (use_cached=True)")
+        return _cached_entry(name, config.split)
+    if data_dir is None:
+        raise NotIndexable(f"task {name!r} tokenizes raw text while reading (cache it with `t5x-lite cache` and "
+                           "read the cache, use_cached=True, to read it by index)")
+    entry = (prepared_dataset.read_metadata(data_dir) or {}).get("splits", {}).get(config.split)
+    if entry is None:
+        raise NotIndexable(f"{data_dir!r} has no split {config.split!r}")
+    if "index" not in entry:
+        raise NotIndexable(f"{data_dir!r} has no index for split {config.split!r} (write one with "
+                           f"`t5x-lite index {data_dir}`)")
+    return data_dir, entry
+
+
+def _plan(config: DataConfig) -> IndexPlan:
     if config.converter != "lm":
         raise NotIndexable(f"feature converter {config.converter!r} (the index path makes 'lm' rows)")
     if not config.pack:
         raise NotIndexable("pack=False (the index path packs rows)")
     tasks = []
     for name, data_dir, rate in _leaves(config.mixture_or_task_name, 1.0, config.split):
-        metadata = prepared_dataset.read_metadata(data_dir) or {}
-        entry = metadata.get("splits", {}).get(config.split)
-        if entry is None:
-            raise NotIndexable(f"{data_dir!r} has no split {config.split!r}")
-        if "index" not in entry:
-            raise NotIndexable(f"{data_dir!r} has no index for split {config.split!r} (write one with "
-                               f"`t5x-lite index {data_dir}`)")
-        tasks.append(IndexedTask(name=name, records=record_index.SplitRecords(data_dir, config.split, entry),
+        directory, entry = _split_entry(name, data_dir, config)
+        tasks.append(IndexedTask(name=name, records=record_index.SplitRecords(directory, config.split, entry),
                                  rate=rate))
     vocabulary = get_task(tasks[0].name).output_features["targets"].vocabulary
     return IndexPlan(tasks=tuple(tasks), length=config.sequence_length, eos_id=int(vocabulary.eos_id),

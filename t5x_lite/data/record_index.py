@@ -42,6 +42,11 @@ def index_file_name(split: str) -> str:
     return f"{split}.index.npy"
 
 
+def cached_entry_name(split: str) -> str:
+    """The JSON split entry (pattern, shards, index) `t5x-lite cache` writes beside a cached split."""
+    return f"{split}.index.json"
+
+
 def build_index(shard_records: Sequence[Sequence[int]], shard_lengths: Sequence[Sequence[int]]) -> np.ndarray:
     """The index rows of a split from each shard's record sizes (bytes) and token counts (without EOS)."""
     offsets, stream = [], []

@@ -1,12 +1,15 @@
 """Tokens and steps per epoch of the train task, from the `metadata.json` that `t5x-lite prepare` writes.
 
 The estimate never reads the data itself: the corpus token and document counts in the metadata
-give lm_task's epoch by arithmetic. Other task factories rewrite documents into rows, so their
+give lm_task's epoch by arithmetic, exactly when the split has an offset index and the run reads
+it by index (rows of the token stream: docs/data.md), else as a lower bound (streaming packs
+pieces greedily). Other task factories rewrite documents into rows, so their
 epoch is only known when `t5x-lite train` counts it; the result then says why it is unknown.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from t5x_lite import storage
@@ -39,6 +42,13 @@ def epoch_estimate(*, task: TaskSource, train_data: Any) -> dict[str, Any]:
         return {**unknown, "documents": documents, "corpus_tokens": corpus_tokens,
                 "note": f"{corpus_tokens:,} corpus tokens; rows per epoch unknown: {task.factory} rewrites the "
                         "documents into rows (counted when `t5x-lite train` starts)"}
+    index = split.get("index")
+    if index and train_data.reader != "stream" and train_data.pack and not train_data.use_cached:
+        stream = int(index["stream_tokens"])
+        rows = math.ceil(stream / train_data.sequence_length)
+        return {"tokens_per_epoch": stream, "steps_per_epoch": math.ceil(rows / train_data.batch_size),
+                "documents": documents, "corpus_tokens": corpus_tokens, "exact": True,
+                "note": f"{corpus_tokens:,} tokens (metadata.json) + an EOS for each of {documents:,} documents"}
     pieces = estimate_math.lm_pieces(corpus_tokens=corpus_tokens, documents=documents, sequence_length=train_data.sequence_length)
     tokens = corpus_tokens + pieces  # lm_task appends one EOS to each piece
     steps = estimate_math.steps_per_epoch(tokens_per_epoch=tokens, batch_size=train_data.batch_size,

@@ -50,7 +50,8 @@ def _data_rows(d: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     else:
         rows = [("tokens per epoch", f"{d['tokens_per_epoch']:,}", d["note"]),
                 ("steps per epoch", f"{d['steps_per_epoch']:,}",
-                 f"tokens / ({lengths}) if packing filled every row: at least this")]
+                 f"rows of the token stream / batch {d['batch_size']}: exact (read by index)" if d.get("exact")
+                 else f"tokens / ({lengths}) if packing filled every row: at least this")]
     limits = f"TRAIN_STEPS={d['train_steps']}, NUM_EPOCHS={d['num_epochs']}"
     return rows + [("planned steps", f"{d['planned_steps']:,}" if d["planned_steps"] else "unknown", limits)]
 

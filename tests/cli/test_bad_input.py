@@ -233,8 +233,8 @@ def test_an_unclosed_bracket_in_a_gin_file_names_file_and_line(data_dir, tmp_pat
 
 
 def test_a_damaged_tfrecord_is_named(data_dir, tmp_path):
-    """Epochs planned (eval_period in epochs), so the whole split is read before anything is written.
-    TF_CPP_MIN_LOG_LEVEL unset, as a user's shell has it: TensorFlow's start-up lines and its
+    """Streamed with epochs planned (eval_period in epochs), so the whole split is read before anything is
+    written. TF_CPP_MIN_LOG_LEVEL unset, as a user's shell has it: TensorFlow's start-up lines and its
     DATA_LOSS warning stay quiet all the same."""
     damaged = tmp_path / "data"
     shutil.copytree(data_dir, damaged)
@@ -243,10 +243,32 @@ def test_a_damaged_tfrecord_is_named(data_dir, tmp_path):
     data[1000] ^= 0xFF  # inside the first record's data
     shard.write_bytes(bytes(data))
     result = train(damaged, tmp_path / "run", "--gin.TRAIN_STEPS=2", "--gin.train.eval_period='1 epoch'",
-                   extra_env={"TF_CPP_MIN_LOG_LEVEL": None})
+                   "--gin.train/DataConfig.reader='stream'", extra_env={"TF_CPP_MIN_LOG_LEVEL": None})
     assert_bad_input(result, f"error: Reading split 'train' of 'python_stdlib_lm' failed: {shard} is damaged "
                              "(bad data checksum in the record at byte 0)", "t5x-lite prepare")
     assert_quiet(result.stderr)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_record_read_by_index_is_named(data_dir, tmp_path):
+    """Read by index, the first batch is read before anything is written; a damaged record in it names
+    its shard."""
+    import json
+
+    import numpy as np
+
+    damaged = tmp_path / "data"
+    shutil.copytree(data_dir, damaged)
+    entry = json.loads((damaged / "metadata.json").read_text())["splits"]["train"]
+    first_of_shard_1 = entry["index"]["records_per_shard"][0]
+    index = np.load(damaged / entry["index"]["file"])
+    shard = damaged / "train-00001-of-00002.tfrecord"
+    data = bytearray(shard.read_bytes())
+    for offset in index[first_of_shard_1:-1, 0]:  # every record of the shard: the first batch reads one
+        data[offset + 12] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    result = train_in_process(damaged, tmp_path / "run", "--gin.TRAIN_STEPS=2")
+    assert_bad_input(result, f"error: '{shard}': the record at byte", "is damaged", "prepare the data again")
     assert not (tmp_path / "run").exists()
 
 

@@ -61,6 +61,29 @@ def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
         assert cached and cached == _examples(task, split, use_cached=False)
 
 
+def test_a_cached_lm_task_is_read_by_index(cache_dir, small_data_dir):
+    """The cache's offset index: an epoch read by index holds every cached document + EOS once."""
+    import tensorflow as tf
+
+    from t5x_lite.data import index_plan, indexed_input, record_index, task_access
+    from tests.data.test_input_pipeline import real_tokens
+
+    name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
+    config = task_access.DataConfig(name, split="validation", sequence_length=64, batch_size=4, use_cached=True)
+    plan, why = index_plan.plan(config)
+    assert plan is not None, why
+    assert plan.tasks[0].records.data_dir == str(cache_dir / TASK)
+    assert json.loads((cache_dir / TASK / record_index.cached_entry_name("validation")).read_text())["num_shards"] == 3
+    epoch = list(indexed_input.IndexedBatchIterator(plan, num_epochs=1, host_batch_size=4))
+    expected = collections.Counter()  # the cache's shards read by tf.data
+    files = sorted(str(p) for p in (cache_dir / TASK).glob("validation.tfrecord-*"))
+    for record in tf.data.TFRecordDataset(files).as_numpy_iterator():
+        example = tf.io.parse_single_example(record, {"targets": tf.io.RaggedFeature(tf.int64)})
+        expected.update([*example["targets"].numpy().tolist(), plan.eos_id])
+    assert sum(expected.values()) > 100
+    assert real_tokens(epoch) == expected
+
+
 def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
     lm = builtin_tasks.load("lm")
 

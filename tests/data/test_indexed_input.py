@@ -23,6 +23,7 @@ from t5x_lite.data import (
     token_rows,
 )
 from t5x_lite.errors import ConfigValueError
+from tests.data.test_input_pipeline import real_tokens
 
 NUM_DOCS, SEQ = 120, 32
 
@@ -144,13 +145,6 @@ def make(task, *, shard=(0, 1), num_epochs=3, host_batch=4, seed=7, **kwargs):
                                               shard_index=shard[0], num_shards=shard[1])
 
 
-def doc_tokens(batches) -> Counter:
-    counts: Counter = Counter()
-    for b in batches:
-        counts.update(b["decoder_target_tokens"][b["decoder_loss_weights"] > 0].tolist())
-    return counts
-
-
 def expected_tokens(eos_id: int = 1) -> Counter:
     counts = Counter({i + 3: doc_length(i) for i in range(NUM_DOCS)})
     counts[eos_id] += NUM_DOCS
@@ -191,7 +185,7 @@ def test_epochs_cover_every_token_once_in_fresh_orders_with_known_lengths(id_tas
             current = []
     assert [len(e) for e in epochs] == [iterator.steps_per_epoch] * 3 and not current
     for batches in epochs:
-        assert doc_tokens(batches) == expected_tokens()
+        assert real_tokens(batches) == expected_tokens()
     firsts = {tuple(e[0]["decoder_target_tokens"][0]) for e in epochs}
     assert len(firsts) == 3, "epochs repeated an order"
     assert iterator.last_epoch_stats == {"rows": rows, "tokens": stream_tokens}
@@ -208,7 +202,7 @@ def test_shards_split_each_global_batch_and_step_together(id_task, num_shards):
         stacked = {k: np.concatenate([s[step][k] for s in shards]) for k in batch}
         for key in batch:
             np.testing.assert_array_equal(stacked[key], batch[key])
-    assert doc_tokens([b for s in shards for b in s]) == expected_tokens()
+    assert real_tokens([b for s in shards for b in s]) == expected_tokens()
 
 
 @pytest.mark.parametrize("taken", [0, 1, 5, 11, 12, 25])
@@ -307,6 +301,10 @@ def test_what_is_streamed_says_why(id_task, small_data_dir, tmp_path):
     assert "pack=False" in why(id_task, pack=False)
     assert "offline cache" in why(id_task, use_cached=True)
     assert "reader='stream'" in why(id_task, reader="stream")
+    (tmp_path / "text.jsonl").write_text('{"text": "some raw text"}\n')
+    text = task_factories.text_task(name="test_indexed_text", splits={"train": str(tmp_path / "text.jsonl")},
+                                    vocabulary="byte")
+    assert "tokenizes raw text while reading" in why(text)
     bare = tmp_path / "bare"
     write_id_directory(bare, small_data_dir / "spm.model", num_docs=9)
     assert f"t5x-lite index {bare}" in why(task_factories.lm_task(name="test_indexed_bare", data_dir=str(bare)))

@@ -159,6 +159,21 @@ def test_cli_json_with_prepared_metadata(tmp_path, capsys):
     assert result["memory"]["state_total"] == result["memory"]["train_state"] + result["memory"]["gradients"]
 
 
+def test_an_indexed_split_gives_the_exact_epoch(data_dir, capsys):
+    """Read by index, an epoch is ceil(ceil(stream tokens / length) / batch) steps: what the run prints."""
+    from t5x_lite.data import index_plan, indexed_input, task_access, task_factories
+
+    assert estimate.main(["--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    task = task_factories.lm_task(name="test_estimate_indexed", data_dir=str(data_dir))
+    plan, _ = index_plan.plan(task_access.DataConfig(task, sequence_length=256, batch_size=16))
+    assert data["steps_per_epoch"] == indexed_input.IndexedBatchIterator(plan, num_epochs=1,
+                                                                         host_batch_size=16).steps_per_epoch
+    assert data["tokens_per_epoch"] == plan.tasks[0].records.stream_tokens
+    assert estimate.main(["--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'"]) == 0
+    assert re.search(r"steps per epoch\s+[\d,]+\s+rows of the token stream / batch 16: exact", capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--mfu=0"], "--mfu=0 must be in (0, 1]"),
     (["--mfu=1.5"], "--mfu=1.5 must be in (0, 1]"),
