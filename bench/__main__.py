@@ -14,6 +14,7 @@ from bench import (
     evaluation,
     gpu_decoders,
     input_pipeline,
+    large_models,
     loop_overhead,
     matmul_peak,
     remat_memory,
@@ -24,7 +25,7 @@ from bench import (
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
-              "evaluation": evaluation, "torch_reference": torch_reference}
+              "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "loop_overhead",
                   "input_pipeline", "checkpoint", "decoding", "evaluation")
 

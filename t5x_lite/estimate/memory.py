@@ -156,12 +156,10 @@ def request_cpu_devices(num_devices: int) -> None:
         pass
 
 
-def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any]:
-    """XLA's memory analysis per device of the real train step, lowered and compiled on the mesh.
-
-    Nothing runs and nothing is allocated: the state and batch are abstract. `total` is
-    arguments + outputs - aliased (the donated state) + temp, the usual estimate of the peak.
-    """
+def compile_train_step(settings: RunSettings, *, num_devices: int) -> tuple[Any, Any, float, int]:
+    """(the compiled train step, its trainer, seconds to lower and compile, batch bytes per device)
+    on the run's mesh over the first `num_devices` devices. Nothing runs and nothing is allocated:
+    the state and batch are abstract."""
     devices = ensure_devices(num_devices)
     stack.check_backend_supports(settings.model.remat_policy, devices[0])
     mesh = partitioning.make_mesh(axes=settings.mesh_axes, devices=devices)
@@ -171,5 +169,14 @@ def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any
     compiled = trainer.lower_train_step(batch).compile()
     seconds = time.perf_counter() - start
     batch_bytes = sum(v.nbytes for v in batch.values()) // partitioning.num_batch_shards(mesh, trainer.rules)
+    return compiled, trainer, seconds, batch_bytes
+
+
+def compiled_memory(settings: RunSettings, *, num_devices: int) -> dict[str, Any]:
+    """XLA's memory analysis per device of the real train step, lowered and compiled on the mesh.
+
+    `total` is arguments + outputs - aliased (the donated state) + temp, the usual estimate of the peak.
+    """
+    compiled, _, seconds, batch_bytes = compile_train_step(settings, num_devices=num_devices)
     return {**trainer_lib.compiled_memory_bytes(compiled.memory_analysis()), "batch": batch_bytes,
-            "device": f"{num_devices} x {devices[0].device_kind}", "lower_and_compile_seconds": round(seconds, 2)}
+            "device": f"{num_devices} x {jax.devices()[0].device_kind}", "lower_and_compile_seconds": round(seconds, 2)}

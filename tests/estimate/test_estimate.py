@@ -54,7 +54,8 @@ def test_parameter_counts_match_the_real_parameter_tree(path):
     assert counts["non_embedding"] == total - embedding
 
 
-@pytest.mark.parametrize("mesh_file,num_devices", [("mesh/data_parallel.gin", 1), ("mesh/fsdp.gin", 8)])
+@pytest.mark.parametrize("mesh_file,num_devices", [("mesh/data_parallel.gin", 1), ("mesh/data_parallel.gin", 8),
+                                                   ("mesh/fsdp.gin", 8), ("mesh/fsdp_tensor.gin", 8)])
 def test_arithmetic_state_bytes_equal_the_compiled_arguments(mesh_file, num_devices):
     """The compiled step's arguments are the train state (params, Adam moments, counters) and the
     batch, per device. Both sides size the same arrays under the same PartitionSpecs, so on CPU
@@ -70,7 +71,7 @@ def test_arithmetic_state_bytes_equal_the_compiled_arguments(mesh_file, num_devi
     assert state["tree_params"] == settings.model.num_params()
     # AdamW keeps two float32 moments per parameter (plus two int32 step counters).
     assert state["optimizer_state"] == 2 * state["params"] + 8
-    if num_devices == 8:  # every parameter of the LLaMA-style decoder has an `embed` axis: all of it is split
+    if mesh_file == "mesh/fsdp.gin":  # every parameter has an `embed` axis: all of it is split 8 ways
         assert state["params"] == 4 * settings.model.num_params() // 8
 
 
