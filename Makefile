@@ -40,10 +40,14 @@ $(VENV)/.installed-torch: requirements/torch.txt $(VENV)/.installed
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements/torch.txt
 	touch $@
 
-data: $(DATA_DIR)/metadata.json
+data: $(DATA_DIR)/metadata.json $(DATA_DIR)/train.index.npy
 
 $(DATA_DIR)/metadata.json: | install
 	$(BIN)/t5x-lite prepare --input=python_stdlib --out=$(DATA_DIR) --vocab_size=4096 --num_shards=4
+
+# prepare writes the offset index; a directory prepared before it existed gets one here.
+$(DATA_DIR)/train.index.npy: | $(DATA_DIR)/metadata.json
+	$(BIN)/t5x-lite index $(DATA_DIR)
 
 quickstart: install data
 	$(BIN)/t5x-lite train --gin_file=runs/quickstart.gin --gin.DATA_DIR="'$(DATA_DIR)'"
