@@ -104,6 +104,7 @@ def test_two_process_job_is_stopped_by_scancel_and_resumes_exactly(cluster, smal
     out = job_output(run, job)
     assert (result.state, result.exit_code) == ("FAILED", EXIT_PREEMPTED), out[-3000:]
     assert "on 2 cpu device(s) in 2 processes" in out and "2 data shard(s) of 4 rows" in out, out[-3000:]
+    assert "data: read by index" in out, out[-3000:]  # each process its slice of every global batch
     stopped_at = int(re.search(r"saved a checkpoint at step (\d+) and stopped", out).group(1))
     assert 9 <= stopped_at < STEPS, out[-3000:]
     first_losses = losses(out)
