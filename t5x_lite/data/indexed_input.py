@@ -197,7 +197,7 @@ class IndexedBatchIterator:
         """A small JSON-able state. Positions are global: every shard is at the same one, so one state
         restores all, for any number of data shards with the same global batch."""
         return {"reader": self.reader, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "steps_in_epoch": self.steps_per_epoch, "global_batch": self.global_batch,
+                "steps_in_epoch": self.steps_per_epoch, "global_batch": self.global_batch, "rows": self.rows,
                 "shard_index": self.shard_index, "num_shards": self.num_shards}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -206,12 +206,14 @@ class IndexedBatchIterator:
                 "The checkpoint's data position was saved by the streaming reader, but this run reads the data "
                 "by index (the data now has an index): the two orders differ, so the position cannot be continued "
                 "exactly. Resume with --gin.train/DataConfig.reader=\"'stream'\".")
-        saved = (int(state["steps_in_epoch"]), int(state.get("global_batch", self.global_batch)))
-        if saved != (self.steps_per_epoch, self.global_batch):
+        saved = (int(state["steps_in_epoch"]), int(state.get("global_batch", self.global_batch)),
+                 list(state.get("rows", self.rows)))
+        if saved != (self.steps_per_epoch, self.global_batch, self.rows):
             raise DataPositionError(
-                f"The checkpoint's data position is in epochs of {saved[0]} steps of {saved[1]} rows, but this run's "
-                f"epochs have {self.steps_per_epoch} steps of {self.global_batch} (the data, sequence length or batch "
-                "size changed): the position cannot be continued exactly. Resume with the data, SEQUENCE_LENGTH and "
+                f"The checkpoint's data position is in epochs of {saved[0]} steps of {saved[1]} rows over "
+                f"{saved[2]} rows of data, but this run's epochs have {self.steps_per_epoch} steps of "
+                f"{self.global_batch} over {self.rows} (the data, sequence length or batch size changed): the "
+                "position cannot be continued exactly. Resume with the data, SEQUENCE_LENGTH and "
                 "BATCH_SIZE the run was saved with.")
         self.epoch, self.batches_in_epoch = int(state["epoch"]), int(state["batches_in_epoch"])
         self.end_of_epoch, self._ahead = False, None

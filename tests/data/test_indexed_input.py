@@ -247,6 +247,8 @@ def test_states_it_cannot_continue_are_refused(id_task):
                             "num_shards": 1})
     with pytest.raises(indexed_input.DataPositionError, match="BATCH_SIZE"):
         iterator.set_state({**make(id_task, host_batch=2).get_state()})
+    with pytest.raises(indexed_input.DataPositionError, match="rows of data"):  # re-prepared: other rows, same steps
+        iterator.set_state({**iterator.get_state(), "rows": [iterator.rows[0] - 1]})
 
 
 def test_unshuffled_reads_rows_in_stream_order(id_task):
