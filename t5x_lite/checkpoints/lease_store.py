@@ -116,14 +116,19 @@ def proc_stat(pid: int) -> tuple[str, int] | None:
 
 
 def flock_held(path: str) -> bool | None:
-    """Whether a process holds an flock on `path`; None when the file or flock is not there."""
+    """Whether a process holds the (exclusive) flock of a run on `path`; None when the file or flock
+    is not there.
+
+    Probed with a shared lock: runs judging the same lease at the same moment each probe it, and an
+    exclusive probe would see the other's probe as a holder.
+    """
     try:
         import fcntl
         fd = os.open(path, os.O_RDONLY)
     except (ImportError, OSError):
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False
     except BlockingIOError:

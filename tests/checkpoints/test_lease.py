@@ -131,6 +131,27 @@ def test_a_killed_holder_is_dead_and_taken_over_by_exactly_one(tmp_path):
         _finish(procs)
 
 
+def test_a_probe_of_a_lock_is_not_mistaken_for_its_holder(tmp_path):
+    """Two runs judging one dead lease probe its lock at once: a probe in progress (a shared lock
+    here) must not read as the holder, while the holder's exclusive lock does."""
+    import fcntl
+
+    from t5x_lite.checkpoints.lease_store import flock_held
+
+    path = str(tmp_path / "lease.x.lock")
+    open(path, "w").close()
+    assert flock_held(path) is False
+    other = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)  # another run's probe, in progress
+        assert flock_held(path) is False
+        fcntl.flock(other, fcntl.LOCK_UN)
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the holder
+        assert flock_held(path) is True
+    finally:
+        os.close(other)
+
+
 def test_an_expired_lease_of_another_host_is_taken_over(tmp_path):
     model_dir = str(tmp_path / "run")
     old = _write_lease(model_dir, host="other-host", renewed_ago=500, ttl_s=120)
