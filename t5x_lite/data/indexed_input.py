@@ -22,6 +22,7 @@ current one trains.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import math
 from typing import Any
 
@@ -143,12 +144,11 @@ class IndexedBatchIterator:
         return {k: np.concatenate([r[k] for r in batch_rows]) for k in token_rows.FEATURES}
 
     def _read_records(self, needed: list[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
-        unique = sorted(set(needed))
-        raw = []
-        for task in sorted({t for t, _ in unique}):
-            raw.extend(self.plan.tasks[task].records.read(r for t, r in unique if t == task))
-        ordered = [key for task in sorted({t for t, _ in unique}) for key in unique if key[0] == task]
-        return dict(zip(ordered, record_index.parse_targets(raw)))
+        """The tokens of each (task, record) needed, read once each and parsed in one call."""
+        unique = sorted(set(needed))  # task by task: each task's records are read in this order
+        raw = [data for task, keys in itertools.groupby(unique, key=lambda key: key[0])
+               for data in self.plan.tasks[task].records.read(record for _, record in keys)]
+        return dict(zip(unique, record_index.parse_targets(raw)))
 
     # ------------------------------------------------------------------------------ iterating
 

@@ -23,7 +23,7 @@ from t5x_lite.data import (
     token_rows,
 )
 from t5x_lite.errors import ConfigValueError
-from tests.data.test_input_pipeline import real_tokens
+from tests.data.test_input_pipeline import assert_same_batches, real_tokens, split_epochs
 
 NUM_DOCS, SEQ = 120, 32
 
@@ -177,13 +177,8 @@ def test_epochs_cover_every_token_once_in_fresh_orders_with_known_lengths(id_tas
     stream_tokens = sum(doc_length(i) + 1 for i in range(NUM_DOCS))
     rows = -(-stream_tokens // SEQ)
     assert iterator.steps_per_epoch == -(-rows // 4)
-    epochs, current = [], []
-    for batch in iterator:
-        current.append(batch)
-        if iterator.end_of_epoch:
-            epochs.append(current)
-            current = []
-    assert [len(e) for e in epochs] == [iterator.steps_per_epoch] * 3 and not current
+    epochs = split_epochs(iterator)  # and no batch after the last end of epoch
+    assert [len(e) for e in epochs] == [iterator.steps_per_epoch] * 3
     for batches in epochs:
         assert real_tokens(batches) == expected_tokens()
     firsts = {tuple(e[0]["decoder_target_tokens"][0]) for e in epochs}
@@ -223,9 +218,7 @@ def test_restore_continues_exactly_and_reads_only_the_next_batch(id_task, taken,
     assert len(reads) <= 2, "restoring read more than the next batch (and the one after, read ahead)"
     rest = [batch, *resumed]
     assert len(rest) == len(whole) - taken
-    for x, y in zip(whole[taken:], rest):
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key])
+    assert_same_batches(whole[taken:], rest)
 
 
 def test_positions_are_global_so_another_shard_count_resumes(id_task):
