@@ -417,6 +417,9 @@ def run(args, command: str) -> dict:
             dd_runs.append(dd_speeds(root, s["dd_mib"]))
             runs.append(repetition(root, index, state, abstract, cfg.num_params()))
             runs[-1]["crc32c_memory_s"] = crc32c_in_memory_s(CRC32C_MIB)
+            # Each repetition's seconds as they come, so a run cut short still reports what it measured.
+            common.progress(f"checkpoint: repetition {index} seconds: " + ", ".join(
+                f"{k}={v:.2f}" for k, v in {**dd_runs[-1], **runs[-1]}.items() if isinstance(v, float)))
         fs = filesystem(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,7 +1,8 @@
 """File operations on paths that may be local, `gs://...` or `s3://...`.
 
-Local paths and `gs://` go through `tf.io.gfile`, which reads both natively. `s3://` goes
-through fsspec's s3fs: TensorFlow 2.21 has no s3 filesystem without tensorflow-io, and
+Local paths go through the standard library, so checkpoints, leases and manifests on local
+disk need no TensorFlow (it stays the data path's). `gs://` goes through `tf.io.gfile`, which
+reads it natively. `s3://` goes through fsspec's s3fs: TensorFlow 2.21 has no s3 filesystem without tensorflow-io, and
 etils.epath picks TensorFlow's backend whenever TensorFlow is importable. s3fs takes its
 credentials, region and endpoint from the usual AWS settings (`AWS_ACCESS_KEY_ID`,
 `AWS_PROFILE`, `AWS_ENDPOINT_URL` for S3-compatible stores, ...).
@@ -9,6 +10,8 @@ credentials, region and endpoint from the usual AWS settings (`AWS_ACCESS_KEY_ID
 
 from __future__ import annotations
 
+import builtins
+import glob as globbing
 import hashlib
 import os
 import posixpath
@@ -87,14 +90,14 @@ def exists(path: str) -> bool:
     """Whether a file or directory (for s3, an object or a prefix holding objects) exists."""
     if is_s3(path):
         return _s3_call(path, _s3().exists, path)
-    return _gfile().exists(path)
+    return _gfile().exists(path) if is_url(path) else os.path.exists(path)
 
 
 def glob(pattern: str) -> list[str]:
     """The paths matching a glob `pattern`, sorted, in the same form (scheme kept)."""
     if is_s3(pattern):
         return sorted(S3_PREFIX + p for p in _s3_call(pattern, _s3().glob, pattern))
-    return sorted(_gfile().glob(pattern))
+    return sorted(_gfile().glob(pattern) if is_url(pattern) else globbing.glob(pattern))
 
 
 def listdir(path: str) -> list[str]:
@@ -102,12 +105,15 @@ def listdir(path: str) -> list[str]:
     if is_s3(path):
         entries = _s3_call(path, _s3().ls, path, detail=False)
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
-    return sorted(name.rstrip("/") for name in _gfile().listdir(path))
+    names = _gfile().listdir(path) if is_url(path) else os.listdir(path)
+    return sorted(name.rstrip("/") for name in names)
 
 
 def makedirs(path: str) -> None:
     """Creates directory `path` and its parents; nothing to do on s3, which has no directories."""
-    if not is_s3(path):
+    if not is_url(path):
+        os.makedirs(path, exist_ok=True)
+    elif not is_s3(path):
         _gfile().makedirs(path)
 
 
@@ -115,7 +121,9 @@ def open(path: str, mode: str = "rb") -> IO:  # noqa: A001 - the module's own op
     """A file object for `path` in `mode` ('r', 'rb', 'w', 'wb')."""
     if is_s3(path):
         return _s3_call(path, _s3().open, path, mode, block_size=_CHUNK_BYTES)
-    return _gfile().GFile(path, mode)
+    if is_url(path):
+        return _gfile().GFile(path, mode)
+    return builtins.open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
 def write_whole(path: str, text: str) -> None:
@@ -136,15 +144,18 @@ def remove(path: str) -> None:
     """Deletes file `path`."""
     if is_s3(path):
         _s3_call(path, _s3().rm_file, path)
-    else:
+    elif is_url(path):
         _gfile().remove(path)
+    else:
+        os.remove(path)
 
 
 def walk_files(path: str) -> list[str]:
     """Every file under directory `path` (recursively), as full paths in `path`'s form, sorted."""
     if is_s3(path):
         return sorted(S3_PREFIX + p for p in _s3_call(path, _s3().find, path))
-    return sorted(join(root, name) for root, _, names in _gfile().walk(path) for name in names)
+    walk = _gfile().walk if is_url(path) else os.walk
+    return sorted(join(root, name) for root, _, names in walk(path) for name in names)
 
 
 def rename(source: str, destination: str) -> None:
@@ -163,6 +174,9 @@ def remove_tree(path: str) -> None:
     if is_s3(path):
         if _s3_call(path, _s3().exists, path):
             _s3_call(path, _s3().rm, path, recursive=True)
+    elif not is_url(path):
+        if os.path.exists(path):
+            shutil.rmtree(path)
     elif _gfile().exists(path):
         _gfile().rmtree(path)
 

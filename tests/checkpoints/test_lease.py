@@ -278,7 +278,7 @@ def test_storage_errors_are_one_line(tmp_path):
 
 
 def test_other_urls_write_then_read_back(tmp_path):
-    """The gs:// store (storage layer, not atomic), driven here on a local path through tf.io.gfile."""
+    """The gs:// store (storage layer, not atomic), driven here on a local path."""
     store = ObjectStore(str(tmp_path / "run"))
     store.prepare()
     now = time.time()
