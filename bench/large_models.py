@@ -5,8 +5,8 @@ shipped mesh file (data_parallel, fsdp, fsdp_tensor), the real train step (runs/
 batch --batch_size, the model's own dtype and remat policy) is lowered from an abstract state
 and compiled on 8 host CPU devices; nothing is allocated or run.
 
-1. Memory per device: `t5x-lite estimate`'s arithmetic (train state, gradients, activations,
-   logits) next to XLA's memory analysis of the compiled step (arguments, temp, and the peak
+1. Memory per device: `t5x-lite estimate`'s arithmetic (train state, gradients, gathered weights,
+   activations, logits) next to XLA's memory analysis of the compiled step (arguments, temp, and the peak
    arguments + outputs - aliased + temp), and their ratio. The train state is exact by
    construction (arguments minus the batch); the rest is XLA:CPU's buffer assignment.
 2. Collectives from the compiled HLO (t5x_lite/estimate/collectives.py): count and MiB per
@@ -111,11 +111,11 @@ def run(args, command: str) -> dict:
         a, x = r["arithmetic"], r["xla"]
         state_exact = x["arguments"] - r["batch_bytes"] - a["train_state"]
         rows.append([r["model"], r["mesh"], " x ".join(f"{k}={v}" for k, v in r["shape"].items() if v > 1),
-                     _gib(a["train_state"]), f"{state_exact:+,d} B", _gib(a["gradients"]),
+                     _gib(a["train_state"]), f"{state_exact:+,d} B", _gib(a["gradients"]), _gib(a["gathered"]),
                      _gib(a["activations"] + a["logits"]), _gib(a["total"]), _gib(x["temp"]), _gib(x["total"]),
                      f"{x['total'] / a['total']:.2f}", f"{r['seconds']:.1f}"])
-    print(common.table(["model", "mesh", "shape", "state", "XLA args - batch - state (a)", "grads", "acts + logits",
-                        "estimate total", "XLA temp", "XLA total", "XLA / estimate", "compile s"], rows))
+    print(common.table(["model", "mesh", "shape", "state", "XLA args - batch - state (a)", "grads", "gathered",
+                        "acts + logits", "estimate total", "XLA temp", "XLA total", "XLA / estimate", "compile s"], rows))
     print("\n(a) 0 when the compiled arguments are the arithmetic's train state plus the batch; negative by the batch "
           "features the step never reads, which jit prunes (T5's position features: it uses relative positions).")
 

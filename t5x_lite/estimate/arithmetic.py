@@ -54,6 +54,28 @@ def per_device_elements(*, shape: Sequence[int], shards: Sequence[int]) -> int:
     return math.prod(-(-dim // s) for dim, s in zip(shape, shards))
 
 
+def without_axes(spec: Sequence[Any], axes: Sequence[str]) -> tuple[Any, ...]:
+    """A PartitionSpec with the mesh axes `axes` taken out: the layout of an array once gathered over them."""
+    def keep(entry):
+        if entry is None:
+            return None
+        names = tuple(n for n in ((entry,) if isinstance(entry, str) else entry) if n not in axes)
+        return names or None
+    return tuple(keep(entry) for entry in spec)
+
+
+def gathered_bytes(*, unscanned: Sequence[float], layer_stacks: Sequence[float]) -> float:
+    """Bytes of the whole weights a step materialises when parameters are sharded over batch axes (FSDP).
+
+    unscanned: bytes of each unscanned array that is sharded over a batch axis, once gathered;
+    layer_stacks: for each scanned stack, the bytes of one layer's gathered arrays. Every gathered
+    unscanned array stays whole from its forward use to its backward one, and the largest one's
+    gradient is whole before it is reduced; a scanned stack holds one layer's gathered weights and
+    its whole gradient at a time.
+    """
+    return sum(unscanned) + max(unscanned, default=0.0) + 2 * max(layer_stacks, default=0.0)
+
+
 def flops_split(*, flops_per_token: float, flops_per_token_doubled_lengths: float) -> tuple[float, float]:
     """(6N part, attention part) of training FLOPs per token.
 

@@ -1,9 +1,10 @@
 """Memory per device of the train step: by arithmetic, and (with `--compile`) XLA's own analysis.
 
 The arithmetic sizes the real train state (`Trainer.abstract_state`, nothing allocated) under
-each array's PartitionSpec, adds gradients, and roughly sizes activations and logits from the
-remat policy. `compiled_memory` lowers and compiles the real train step on the mesh and reads
-XLA's memory analysis, the number to plan by on the target hardware.
+each array's PartitionSpec, adds gradients and (under FSDP) the gathered whole weights, and
+roughly sizes activations and logits from the remat policy. `compiled_memory` lowers and
+compiles the real train step on the mesh and reads XLA's memory analysis, the number to plan
+by on the target hardware.
 """
 
 from __future__ import annotations
@@ -72,9 +73,40 @@ def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int])
             shape=leaf.shape, shards=estimate_math.spec_shards(leaf.sharding.spec, mesh_shape)) * leaf.dtype.itemsize
             for leaf in jax.tree.leaves(tree))
 
+    unscanned, stacks = gathered_arrays(state.params, settings, mesh_shape)
     return {"params": total(state.params), "optimizer_state": total(state.opt_state), "step": total(state.step),
             "tree_params": sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(state.params)),
-            "optimizer": optimizer_state_note(settings.optimizer)}
+            "optimizer": optimizer_state_note(settings.optimizer),
+            "gathered": estimate_math.gathered_bytes(unscanned=unscanned, layer_stacks=list(stacks.values()))}
+
+
+def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str, int]) -> tuple[list[int], dict]:
+    """(bytes per device of each unscanned parameter once gathered, {scanned stack: one layer's gathered bytes}).
+
+    Only arrays sharded over a mesh axis that splits the batch (FSDP's axes) are gathered; they keep
+    their other shards (tensor parallel), except token embedding tables (`embedding`), which the
+    lookup (`jnp.take`) gathers whole. Arrays under a module named `layers` are scanned, their
+    first axis the layer.
+    """
+    rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
+    batch_entry = partitioning.logical_to_mesh_spec(("batch",), rules)[0]
+    batch_axes = () if batch_entry is None else (batch_entry,) if isinstance(batch_entry, str) else tuple(batch_entry)
+    unscanned, stacks = [], {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        spec = tuple(leaf.sharding.spec)
+        shards = estimate_math.spec_shards(estimate_math.without_axes(spec, batch_axes), mesh_shape)
+        if shards == estimate_math.spec_shards(spec, mesh_shape):
+            continue  # not sharded over a batch axis: used as it is stored
+        keys = [str(getattr(k, "key", k)) for k in path]
+        if keys[-1] == "embedding":
+            shards = (1,) * len(leaf.shape)
+        whole = estimate_math.per_device_elements(shape=leaf.shape, shards=shards) * leaf.dtype.itemsize
+        if "layers" in keys:
+            stack = "/".join(keys[:keys.index("layers") + 1])
+            stacks[stack] = stacks.get(stack, 0) + whole // leaf.shape[0]
+        else:
+            unscanned.append(whole)
+    return unscanned, stacks
 
 
 def uses_fused_attention(model: Any, *, platform: str) -> bool:
@@ -132,7 +164,7 @@ def memory_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *, pla
     acts = activations_estimate(settings, mesh_shape, fused_attention=fused)
     return {"method": "arithmetic", **state, "gradients": gradients, "train_state": train_state,
             "state_total": train_state + gradients, **acts,
-            "total": train_state + gradients + acts["activations"] + acts["logits"]}
+            "total": train_state + gradients + state["gathered"] + acts["activations"] + acts["logits"]}
 
 
 def ensure_devices(num_devices: int) -> list[Any]:

@@ -91,6 +91,11 @@ def test_pure_arithmetic():
     assert estimate.parse_count("300B", flag="tokens") == 3e11
     six_n, attention = estimate_math.flops_split(flops_per_token=10.0, flops_per_token_doubled_lengths=14.0)
     assert (six_n, attention) == (6.0, 4.0)
+    # Gathering over fsdp keeps the tensor shards: ("fsdp", "tensor") -> "tensor".
+    assert estimate_math.without_axes((("fsdp", "tensor"), "fsdp", None), ("fsdp",)) == (("tensor",), None, None)
+    # Two unscanned arrays (both whole, the larger's gradient too) and one layer's weights + gradient.
+    assert estimate_math.gathered_bytes(unscanned=[100.0, 40.0], layer_stacks=[30.0, 10.0]) == 100 + 40 + 100 + 2 * 30
+    assert estimate_math.gathered_bytes(unscanned=[], layer_stacks=[]) == 0
 
 
 def test_remat_policies_order_the_activation_estimate():
@@ -158,6 +163,7 @@ def test_cli_json_with_prepared_metadata(tmp_path, capsys):
     assert result["time"]["tokens"] == 30 * 16 * 256
     assert result["time"]["seconds"] == pytest.approx(30 * 16 * 256 * per_token / (0.5 * 1e12 * 2))
     assert result["memory"]["state_total"] == result["memory"]["train_state"] + result["memory"]["gradients"]
+    assert result["memory"]["gathered"] == 0  # data parallel: nothing is gathered
 
 
 def test_an_indexed_split_gives_the_exact_epoch(data_dir, capsys):
