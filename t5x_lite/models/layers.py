@@ -160,6 +160,17 @@ def float32_norm(normalize: Callable[..., Array], x: Array, *params: Array, epsi
     return fn(x, *params) if x.dtype == jnp.float32 else jax.checkpoint(fn)(x, *params)
 
 
+def activation(name: str, x: Array) -> Array:
+    """`ACTIVATIONS[name](x)`; for 16-bit `x` only `x` is kept for the backward pass.
+
+    Autodiff of a 16-bit activation keeps its intermediates, each of `x`'s size (two for SiLU,
+    four for tanh-GELU): recomputed instead, an MLP without remat keeps its two projections and
+    their product only. A float32 `x` keeps plain autodiff, as `float32_norm` does.
+    """
+    fn = ACTIVATIONS[name]
+    return fn(x) if x.dtype == jnp.float32 or name == "linear" else jax.checkpoint(fn)(x)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with a learned scale and no bias (T5 / LLaMA).
 
@@ -444,7 +455,7 @@ class MLP(nn.Module):
         for i, name in enumerate(self.activations):
             dense_name = "wi" if len(self.activations) == 1 else f"wi_{i}"
             h = Dense((self.mlp_dim,), ("embed", "mlp"), self.dtype, use_bias=self.use_bias, name=dense_name)(x)
-            h = ACTIVATIONS[name](h)
+            h = activation(name, h)
             hidden = h if hidden is None else hidden * h
         hidden = checkpoint_name(with_logical_constraint(hidden, ("batch", "length", "mlp")), "mlp_hidden")
         return Dense((x.shape[-1],), ("mlp", "embed"), self.dtype, use_bias=self.use_bias, name="wo")(hidden)

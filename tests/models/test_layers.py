@@ -2,6 +2,7 @@
 
 import functools
 import math
+import unittest.mock
 
 import jax
 import jax.numpy as jnp
@@ -133,6 +134,25 @@ def test_a_16_bit_norm_saves_only_its_input_for_the_backward_pass(norm_class, ca
     x32 = x.astype(jnp.float32)
     jax.ad_checkpoint.print_saved_residuals(lambda v, x: norm_class().apply(v, x).sum(), variables, x32)
     assert any("argument" not in line for line in capsys.readouterr().out.splitlines())
+
+
+@pytest.mark.parametrize("activations", [("gelu", "linear"), ("silu", "linear"), ("gelu",), ("gelu_exact",)])
+def test_a_16_bit_mlp_keeps_its_projections_and_product_only(activations, capsys):
+    """The activations' intermediates (up to four arrays of the hidden size for GELU) are recomputed
+    in the backward pass; the gradients equal plain autodiff's."""
+    x = _rand(9, (2, 8, 16)).astype(jnp.bfloat16)
+    mlp = layers.MLP(64, activations, jnp.bfloat16)
+    variables = mlp.init(jax.random.PRNGKey(0), x)
+    loss = lambda v, x: mlp.apply(v, x).astype(jnp.float32).sum()  # noqa: E731
+    jax.ad_checkpoint.print_saved_residuals(loss, variables, x)
+    hidden = [line for line in capsys.readouterr().out.splitlines() if line.startswith("bf16[2,8,64]")]
+    # Each projection's output and the product; a gated MLP also keeps act(x W0) for the product's gradient.
+    assert len(hidden) == len(activations) + 1 + (len(activations) > 1), hidden
+
+    with unittest.mock.patch.object(layers, "activation", lambda name, h: layers.ACTIVATIONS[name](h)):
+        plain = jax.grad(loss, argnums=(0, 1))(variables, x)
+    for got, want in zip(jax.tree.leaves(jax.grad(loss, argnums=(0, 1))(variables, x)), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 def _reference_bucket(relative_position, bidirectional, num_buckets, max_distance):
