@@ -32,7 +32,8 @@ from t5x_lite.training import trainer as trainer_lib
 DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
             "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
             "warmup_steps": 2, "steps": 10, "windows": 3, "peak_flops": 989e12, "attention": "auto",
-            "packed_segments": 4, "scan_layers": None, "memory_limit_gib": None, "allow_cpu": False}
+            "packed_segments": 4, "scan_layers": None, "scan_unroll": None,
+            "memory_limit_gib": None, "allow_cpu": False}
 QUICK = {"models": "decoder_125m", "warmup_steps": 1, "steps": 3, "windows": 1}  # a GPU smoke test
 # --allow_cpu: every model shrinks to these sizes (its other switches are kept).
 TINY = {"emb_dim": 64, "num_heads": 2, "num_kv_heads": 2, "head_dim": 32, "mlp_dim": 128, "num_layers": 2,
@@ -55,6 +56,9 @@ def add_arguments(parser) -> None:
                              "feeds them (default 4); 0: one unpacked example per row")
     parser.add_argument("--scan_layers", type=int, choices=(0, 1),
                         help="1: layers stacked by scan, 0: unrolled (default: the gin file's, scanned)")
+    parser.add_argument("--scan_unroll", type=int,
+                        help="scanned layers per loop iteration; the number of layers or more: no loop "
+                             "(default: the gin file's, 1)")
     parser.add_argument("--memory_limit_gib", type=float,
                         help="skip policies whose predicted peak exceeds this (default: the device's limit)")
     parser.add_argument("--allow_cpu", action="store_true", default=None,
@@ -77,6 +81,8 @@ def model_config(name: str, policy: str, s: dict):
         sizes["vocab_size"] = s["vocab_size"]
     if s["scan_layers"] is not None:
         sizes["scan_layers"] = bool(s["scan_layers"])
+    if s["scan_unroll"] is not None:
+        sizes["scan_unroll"] = s["scan_unroll"]
     return dataclasses.replace(cfg, **sizes, dtype="bfloat16", remat_policy=policy,
                                max_len=max(cfg.max_len, s["seq_len"]), attention_implementation=s["attention"])
 
@@ -169,8 +175,10 @@ def run(args, command: str) -> None:
                         "loss"], rows))
     print()
     limit_text = common.fmt_bytes(limit) if limit else "unknown"
-    print(f"bfloat16 compute, float32 params, AdamW, scan_layers from the gin file unless --scan_layers; "
-          f"MFU = flops_per_token x tokens/s / ({s['peak_flops']:.3g} x {jax.device_count()} devices); device memory limit {limit_text}. "
+    print(f"bfloat16 compute, float32 params, AdamW, scan_layers and scan_unroll from the gin "
+          "file unless given; "
+          f"MFU = flops_per_token x tokens/s / ({s['peak_flops']:.3g} x {jax.device_count()} devices); "
+          f"device memory limit {limit_text}. "
           f"Per model, policies tried:")
     print("\n".join(notes))
     print(common.settings_line(s))

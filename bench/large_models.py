@@ -114,8 +114,9 @@ def run(args, command: str) -> dict:
                      _gib(a["train_state"]), f"{state_exact:+,d} B", _gib(a["gradients"]), _gib(a["gathered"]),
                      _gib(a["activations"] + a["logits"]), _gib(a["total"]), _gib(x["temp"]), _gib(x["total"]),
                      f"{x['total'] / a['total']:.2f}", f"{r['seconds']:.1f}"])
-    print(common.table(["model", "mesh", "shape", "state", "XLA args - batch - state (a)", "grads", "gathered",
-                        "acts + logits", "estimate total", "XLA temp", "XLA total", "XLA / estimate", "compile s"], rows))
+    header = ["model", "mesh", "shape", "state", "XLA args - batch - state (a)", "grads", "gathered",
+              "acts + logits", "estimate total", "XLA temp", "XLA total", "XLA / estimate", "compile s"]
+    print(common.table(header, rows))
     print("\n(a) 0 when the compiled arguments are the arithmetic's train state plus the batch; negative by the batch "
           "features the step never reads, which jit prunes (T5's position features: it uses relative positions).")
 

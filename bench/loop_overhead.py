@@ -46,7 +46,7 @@ DEFAULT_DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "python_stdlib")
 DEFAULTS = {**{key: throughput.DEFAULTS[key] for key in SIZES}, "seq_len": 256, "batch_size": 8,
             "packed_segments": throughput.DEFAULTS["packed_segments"], "warmup_steps": 2, "windows": 3, "steps": 10,
-            "data_dir": None}
+            "scan_layers": 1, "scan_unroll": 1, "data_dir": None}
 QUICK = {**{key: throughput.QUICK[key] for key in SIZES}, "seq_len": throughput.QUICK["seq_len"],
          "warmup_steps": 1, "windows": 2, "steps": 3}
 TASK = "bench_loop_overhead_lm"
@@ -57,6 +57,8 @@ TARGET_TRAINER_VS_BARE = 0.95  # Trainer.train_step reaches at least this fracti
 def add_arguments(parser) -> None:
     for key in (*SIZES, "seq_len", "batch_size", "packed_segments", "warmup_steps", "windows", "steps"):
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
+    parser.add_argument("--scan_layers", type=int, choices=(0, 1), help="1: scanned layers (default); 0: unrolled")
+    parser.add_argument("--scan_unroll", type=int, help="scanned layers per loop iteration (default 1)")
     parser.add_argument("--data_dir", help="a prepared directory to train on (default: data/python_stdlib when "
                                            "prepared, else one prepared now as input_pipeline prepares it)")
 

@@ -22,7 +22,7 @@ from bench import common, matmul_peak
 
 DEFAULTS = {"families": "llama,gpt2,t5", "dtypes": "float32,bfloat16", "emb_dim": 512, "num_layers": 4,
             "num_heads": 8, "head_dim": 64, "mlp_dim": 1408, "vocab_size": 8192, "seq_len": 256, "batch_size": 8,
-            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "warmup_steps": 2, "steps": 5,
+            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "scan_unroll": 1, "warmup_steps": 2, "steps": 5,
             "windows": 3, "peak_flops": None, "peak_flops_bf16": None}
 QUICK = {"emb_dim": 64, "num_layers": 2, "num_heads": 2, "head_dim": 32, "mlp_dim": 128, "vocab_size": 512,
          "seq_len": 64, "batch_size": 2, "warmup_steps": 1, "steps": 3, "windows": 2}
@@ -36,6 +36,9 @@ def add_arguments(parser) -> None:
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--scan_layers", type=int, choices=(0, 1),
                         help="1: layers stacked by scan (the models' default); 0: unrolled")
+    parser.add_argument("--scan_unroll", type=int,
+                        help="scanned layers per loop iteration (default 1); the number of layers: no loop, "
+                             "the same stacked parameters")
     parser.add_argument("--peak_flops", type=float, help="float32 peak FLOP/s for MFU (default: measure)")
     parser.add_argument("--peak_flops_bf16", type=float, help="bfloat16 peak FLOP/s for MFU (default: measure)")
 
@@ -45,7 +48,8 @@ def model_config(family: str, dtype: str, s: dict):
     from t5x_lite.models.encoder_decoder import T5Config
 
     shared = dict(vocab_size=s["vocab_size"], emb_dim=s["emb_dim"], num_heads=s["num_heads"],
-                  head_dim=s["head_dim"], dtype=dtype, scan_layers=bool(s.get("scan_layers", 1)))
+                  head_dim=s["head_dim"], dtype=dtype, scan_layers=bool(s.get("scan_layers", 1)),
+                  scan_unroll=s.get("scan_unroll") or 1)
     if family == "llama":
         return DecoderConfig(**shared, num_kv_heads=s["num_heads"], mlp_dim=s["mlp_dim"],
                              num_layers=s["num_layers"], max_len=s["seq_len"])

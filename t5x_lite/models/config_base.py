@@ -30,7 +30,8 @@ def _is_number(value: Any) -> bool:
 
 
 class ModelConfigBase:
-    """Mixin for the frozen config dataclasses (fields `dtype`, `remat_policy`, `mlp_activations`)."""
+    """Mixin for the frozen config dataclasses (fields `dtype`, `remat_policy`, `scan_layers`, `scan_unroll`,
+    `mlp_activations`)."""
 
     def _check_common(self) -> None:
         self._check_field_types()
@@ -38,6 +39,10 @@ class ModelConfigBase:
         # JSON (checkpoint metadata) turns tuples into lists; keep the config hashable.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         stack.remat_policy(self.remat_policy)  # fails early on an unknown name
+        if self.scan_unroll != 1 and not self.scan_layers:
+            raise ConfigValueError(
+                f"{type(self).__name__}.scan_unroll={self.scan_unroll} applies to scanned layers only; "
+                "set scan_layers=True, or leave scan_unroll at 1 with unrolled layers.")
         for name in self.mlp_activations:
             check_choice("mlp_activations entry", name, tuple(layers.ACTIVATIONS))
 

@@ -46,6 +46,9 @@ class DecoderConfig(ModelConfigBase):
       dropout_rate: dropout on the embeddings and after attention and MLP; 0 disables it.
       dtype: compute dtype ('float32' or 'bfloat16'); parameters are always float32.
       scan_layers: stack blocks with scan_with_axes (fast compile) or unroll them.
+      scan_unroll: scanned layers only: layers per iteration of the compiled loop; num_layers
+        or more compiles straight-line code over the stacked parameters (faster for shallow
+        models, compile time grows with depth; the checkpoint layout is the same).
       remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
       rope_max_wavelength: RoPE base (position_embedding='rope' only).
       position_embedding: 'rope' (rotary, LLaMA) or 'learned' (a table of max_len rows, GPT-2).
@@ -78,6 +81,7 @@ class DecoderConfig(ModelConfigBase):
     dropout_rate: float = 0.0
     dtype: str = "float32"
     scan_layers: bool = True
+    scan_unroll: int = 1
     remat_policy: str = "none"
     rope_max_wavelength: float = 10_000.0
     position_embedding: str = "rope"
@@ -239,7 +243,7 @@ class Decoder(nn.Module):
                                  axes=("positions", "embed"), name="position_embed")(positions)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
-                                    remat=cfg.remat_policy, num_broadcast=2)
+                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions)
         x = layers.norm_class(cfg.norm, cfg.norm_epsilon)(dtype=dtype, name="final_norm")(x)
         if cfg.tie_embeddings:

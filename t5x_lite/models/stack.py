@@ -70,6 +70,7 @@ def stack_layers(
     scan: bool,
     remat: str,
     num_broadcast: int,
+    unroll: int = 1,
     name: str = "layers",
 ) -> Callable[..., nn.Module]:
     """Returns a factory for `num_layers` copies of `block` applied in sequence.
@@ -78,6 +79,9 @@ def stack_layers(
     (masks, biases, encoder outputs) that every layer sees unchanged. With `scan=True` the copies share
     one traced body and their parameters gain a leading `layers` axis; with `scan=False` they
     are separate submodules `{name}_0 ... {name}_{n-1}`. Both compute the same function.
+    `unroll` (scanned only) is how many layers one iteration of the compiled loop runs;
+    `unroll >= num_layers` compiles straight-line code over the stacked parameters, as fast as
+    unrolled layers for shallow models, with the scanned checkpoint layout.
     A 'cache' collection (decoding) is laid out like the params: scanned leaves gain a leading
     `layers` axis.
     """
@@ -97,6 +101,7 @@ def stack_layers(
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast,) * num_broadcast,
                 length=num_layers,
+                unroll=unroll,
                 axis_name="layers",
                 axes_collections=("params", "cache"),
             )

@@ -184,3 +184,16 @@ def test_a_checkpoint_saved_before_the_options_existed_still_fits_the_same_model
     windowed = {"family": BASE.family, "model": json.loads(json.dumps(MISTRAL.to_dict()))}
     with pytest.raises(CheckpointMismatchError, match="sliding_window: checkpoint None vs config 3"):
         check_compatible(older, windowed, model_dir="/nowhere")
+
+
+def test_a_checkpoint_fits_a_config_that_only_unrolls_the_scan_differently():
+    from t5x_lite.checkpoints.compatibility import CheckpointMismatchError, check_compatible
+
+    saved = {"family": BASE.family, "model": json.loads(json.dumps(BASE.to_dict()))}
+    unrolled_scan = dataclasses.replace(BASE, scan_unroll=BASE.num_layers)
+    check_compatible(saved, {"family": BASE.family, "model": json.loads(json.dumps(unrolled_scan.to_dict()))},
+                     model_dir="/nowhere")  # the same stacked parameters
+    unscanned = dataclasses.replace(BASE, scan_layers=False)
+    with pytest.raises(CheckpointMismatchError, match="scan_layers: checkpoint True vs config False"):
+        check_compatible(saved, {"family": BASE.family, "model": json.loads(json.dumps(unscanned.to_dict()))},
+                         model_dir="/nowhere")

@@ -182,6 +182,18 @@ def test_scan_and_unrolled_give_equal_outputs_and_gradients():
         assert not np.allclose(logits_x, logits_s, atol=1e-4)
 
 
+def test_fully_unrolled_scan_gives_equal_outputs_and_gradients_with_the_same_parameters():
+    unrolled_scan = _cfg(scan_unroll=2)  # both stacks: straight-line code over the stacked parameters
+    params = _init(TINY, seed=7)
+    assert jax.tree.map(lambda x: x.shape, _param_shapes(unrolled_scan)) == jax.tree.map(lambda x: x.shape, params)
+    batch = _batch(4)
+    loss_a, logits_a, grads_a = _loss_and_grads(TINY, params, batch)
+    loss_b, logits_b, grads_b = _loss_and_grads(unrolled_scan, params, batch)
+    np.testing.assert_allclose(logits_a, logits_b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loss_a, loss_b, rtol=1e-6)
+    _assert_trees_close(grads_a, grads_b)
+
+
 @pytest.mark.parametrize("policy", [name for name in stack.REMAT_POLICIES if name != "none"])
 def test_remat_policies_give_equal_gradients(policy):
     # The CPU backend has a pinned_host memory space, so the `_offloaded` policies run too.

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import decoder_only, stack
 
 BASE = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -134,6 +135,34 @@ def test_remat_unrolled_gives_equal_gradients():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                  unrolled, scanned_to_unrolled(reference, BASE.num_layers))
 
+
+
+@pytest.mark.parametrize("unroll", [2, 3])
+def test_scan_unroll_keeps_the_layout_and_computes_the_same(unroll):
+    # 3 layers: unroll 2 leaves a remainder layer outside the loop; 3 compiles no loop at all.
+    looped, unrolled = _cfg(num_layers=3), _cfg(num_layers=3, scan_unroll=unroll)
+    params = _init(looped, seed=6)
+    shapes = jax.eval_shape(lambda: decoder_only.Decoder(unrolled).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    assert jax.tree.map(lambda x: x.shape, shapes) == jax.tree.map(lambda x: x.shape, params)
+    tokens = _tokens(4, (2, 11))
+    np.testing.assert_allclose(np.asarray(_apply(unrolled, params, tokens)),
+                               np.asarray(_apply(looped, params, tokens)), rtol=1e-5, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                 _loss_grads(unrolled, params, tokens), _loss_grads(looped, params, tokens))
+
+    def forward_hlo(cfg):
+        return jax.jit(lambda p, t: decoder_only.Decoder(cfg).apply({"params": p}, t)).lower(params, tokens).as_text()
+
+    assert "stablehlo.while" in forward_hlo(looped)
+    assert ("stablehlo.while" in forward_hlo(unrolled)) == (unroll < 3)
+
+
+def test_scan_unroll_is_a_positive_integer_for_scanned_layers_only():
+    with pytest.raises(ConfigValueError, match="scan_unroll=2 applies to scanned layers only"):
+        _cfg(scan_layers=False, scan_unroll=2)
+    with pytest.raises(ConfigValueError, match="scan_unroll=0 must be a positive integer"):
+        _cfg(scan_unroll=0)
 
 STYLES = pytest.mark.parametrize("cfg", [BASE, GPT2], ids=["llama", "gpt2"])
 
