@@ -10,6 +10,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from t5x_lite.errors import ConfigValueError
+from t5x_lite.parallel.partitioning import mesh_axes_of
 
 # Float32 [tokens, vocab] buffers the loss keeps per device: the logits, their softmax, the gradient.
 LOGITS_BUFFERS = 3
@@ -40,12 +41,7 @@ def resolve_mesh_shape(*, mesh_axes: Mapping[str, int] | Sequence[tuple[str, int
 
 def spec_shards(spec: Sequence[Any], mesh_shape: Mapping[str, int]) -> tuple[int, ...]:
     """How many ways each dimension is split by a mesh PartitionSpec (entries None, 'axis' or ('a', 'b'))."""
-    def shards(entry):
-        if entry is None:
-            return 1
-        names = (entry,) if isinstance(entry, str) else tuple(entry)
-        return math.prod(mesh_shape.get(name, 1) for name in names)
-    return tuple(shards(entry) for entry in spec)
+    return tuple(math.prod(mesh_shape.get(name, 1) for name in mesh_axes_of(entry)) for entry in spec)
 
 
 def per_device_elements(*, shape: Sequence[int], shards: Sequence[int]) -> int:
@@ -56,12 +52,7 @@ def per_device_elements(*, shape: Sequence[int], shards: Sequence[int]) -> int:
 
 def without_axes(spec: Sequence[Any], axes: Sequence[str]) -> tuple[Any, ...]:
     """A PartitionSpec with the mesh axes `axes` taken out: the layout of an array once gathered over them."""
-    def keep(entry):
-        if entry is None:
-            return None
-        names = tuple(n for n in ((entry,) if isinstance(entry, str) else entry) if n not in axes)
-        return names or None
-    return tuple(keep(entry) for entry in spec)
+    return tuple(tuple(n for n in mesh_axes_of(entry) if n not in axes) or None for entry in spec)
 
 
 def gathered_bytes(*, unscanned: Sequence[float], layer_stacks: Sequence[float]) -> float:

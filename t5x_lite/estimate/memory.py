@@ -89,8 +89,7 @@ def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str,
     first axis the layer.
     """
     rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
-    batch_entry = partitioning.logical_to_mesh_spec(("batch",), rules)[0]
-    batch_axes = () if batch_entry is None else (batch_entry,) if isinstance(batch_entry, str) else tuple(batch_entry)
+    batch_axes = partitioning.batch_mesh_axes(rules)
     unscanned, stacks = [], {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
         spec = tuple(leaf.sharding.spec)

@@ -147,6 +147,12 @@ def layer_normalize(x: Array, scale: Array, bias: Array, *, epsilon: float, dtyp
     return (normed * scale + bias).astype(dtype)
 
 
+def recomputed_if_16bit(fn: Callable[..., Array], x: Array, *args: Array) -> Array:
+    """`fn(x, *args)`: plain autodiff for float32 `x`; for 16-bit `x` under `jax.checkpoint`, so the
+    backward pass keeps only the inputs and recomputes `fn`'s intermediates."""
+    return fn(x, *args) if x.dtype == jnp.float32 else jax.checkpoint(fn)(x, *args)
+
+
 def float32_norm(normalize: Callable[..., Array], x: Array, *params: Array, epsilon: float, dtype: DType) -> Array:
     """`normalize(x, *params)`; for 16-bit `x` its float32 intermediates are recomputed in the
     backward pass rather than saved.
@@ -156,8 +162,7 @@ def float32_norm(normalize: Callable[..., Array], x: Array, *params: Array, epsi
     25.4 instead of 32.9 GiB, and 5% faster steps, when recomputed; docs/benchmarks.md). A
     float32 `x` keeps plain autodiff, so float32 models compute exactly as before.
     """
-    fn = functools.partial(normalize, epsilon=epsilon, dtype=dtype)
-    return fn(x, *params) if x.dtype == jnp.float32 else jax.checkpoint(fn)(x, *params)
+    return recomputed_if_16bit(functools.partial(normalize, epsilon=epsilon, dtype=dtype), x, *params)
 
 
 def activation(name: str, x: Array) -> Array:
@@ -167,8 +172,7 @@ def activation(name: str, x: Array) -> Array:
     four for tanh-GELU): recomputed instead, an MLP without remat keeps its two projections and
     their product only. A float32 `x` keeps plain autodiff, as `float32_norm` does.
     """
-    fn = ACTIVATIONS[name]
-    return fn(x) if x.dtype == jnp.float32 or name == "linear" else jax.checkpoint(fn)(x)
+    return x if name == "linear" else recomputed_if_16bit(ACTIVATIONS[name], x)
 
 
 class RMSNorm(nn.Module):

@@ -163,12 +163,19 @@ def batch_sharding(mesh: Mesh, rules: LogicalRules) -> NamedSharding:
 
 def num_batch_shards(mesh: Mesh, rules: LogicalRules) -> int:
     """How many ways the global batch is split (the product of the mesh axes `batch` maps to)."""
-    return math.prod(mesh.shape[a] for a in _axes_of(logical_to_mesh_spec(("batch",), rules)[0]))
+    return math.prod(mesh.shape[a] for a in batch_mesh_axes(rules))
 
 
-def _axes_of(entry: Any) -> tuple[str, ...]:
-    """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
-    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+def batch_mesh_axes(rules: LogicalRules) -> tuple[str, ...]:
+    """The mesh axes that split the batch: FSDP gathers parameters sharded over them."""
+    return mesh_axes_of(logical_to_mesh_spec(("batch",), rules)[0])
+
+
+def mesh_axes_of(entry: Any) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name, or a tuple or list of names)."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 def host_batch_to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
@@ -192,7 +199,7 @@ def data_shard_from_rows(process_rows: Mapping[int, tuple[int, int]], process_in
 
 def process_data_shard(sharding: NamedSharding, global_rows: int) -> tuple[int, int, int]:
     """(data shard index, number of data shards, rows per process) of this process for a batch."""
-    shards = math.prod(sharding.mesh.shape[a] for a in _axes_of(sharding.spec[0] if len(sharding.spec) else None))
+    shards = math.prod(sharding.mesh.shape[a] for a in mesh_axes_of(sharding.spec[0] if len(sharding.spec) else None))
     if not isinstance(global_rows, int) or isinstance(global_rows, bool) or global_rows < 1 or global_rows % shards:
         raise MeshError(f"A batch of {global_rows!r} rows cannot be split over the {shards} batch shards of mesh "
                         f"{dict(sharding.mesh.shape)}; use a positive multiple of {shards} (BATCH_SIZE).")
