@@ -88,8 +88,10 @@ def stack_layers(
     policy = remat_policy(remat)
     layer_cls = block
     if remat != "none":
-        # prevent_cse is only needed outside scan; inside scan it blocks useful optimisation.
-        layer_cls = nn.remat(block, policy=policy, prevent_cse=not scan)
+        # prevent_cse keeps XLA from merging the backward pass's recomputation with the forward
+        # pass (undoing remat) where both are straight-line code: unrolled layers, or a scan
+        # compiled without its loop (unroll > 1). Inside a loop it only blocks useful optimisation.
+        layer_cls = nn.remat(block, policy=policy, prevent_cse=not scan or unroll != 1)
 
     if scan:
 

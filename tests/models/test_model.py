@@ -158,6 +158,18 @@ def test_scan_unroll_keeps_the_layout_and_computes_the_same(unroll):
     assert ("stablehlo.while" in forward_hlo(unrolled)) == (unroll < 3)
 
 
+def test_remat_without_the_loop_keeps_its_recomputation_apart_from_the_forward_pass():
+    # Straight-line remat needs prevent_cse (optimization barriers), or XLA merges the backward
+    # pass's recomputation with the forward pass; inside the loop the barriers only cost speed.
+    params, tokens = _init(_cfg(num_layers=3), seed=6), _tokens(5, (2, 11))
+
+    def grad_hlo(cfg):
+        return _jitted_loss_grads(cfg).lower(params, tokens).as_text()
+
+    assert "optimization_barrier" in grad_hlo(_cfg(num_layers=3, scan_unroll=3, remat_policy="full"))
+    assert "optimization_barrier" not in grad_hlo(_cfg(num_layers=3, remat_policy="full"))
+
+
 def test_scan_unroll_is_a_positive_integer_for_scanned_layers_only():
     with pytest.raises(ConfigValueError, match="scan_unroll=2 applies to scanned layers only"):
         _cfg(scan_layers=False, scan_unroll=2)
