@@ -22,8 +22,8 @@ from bench import common, matmul_peak
 
 DEFAULTS = {"families": "llama,gpt2,t5", "dtypes": "float32,bfloat16", "emb_dim": 512, "num_layers": 4,
             "num_heads": 8, "head_dim": 64, "mlp_dim": 1408, "vocab_size": 8192, "seq_len": 256, "batch_size": 8,
-            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "scan_unroll": 1, "warmup_steps": 2, "steps": 5,
-            "windows": 3, "peak_flops": None, "peak_flops_bf16": None}
+            "t5_inputs_len": None, "packed_segments": 4, "scan_layers": 1, "scan_unroll": 1, "warmup_steps": 2,
+            "steps": 5, "windows": 3, "peak_flops": None, "peak_flops_bf16": None}
 QUICK = {"emb_dim": 64, "num_layers": 2, "num_heads": 2, "head_dim": 32, "mlp_dim": 128, "vocab_size": 512,
          "seq_len": 64, "batch_size": 2, "warmup_steps": 1, "steps": 3, "windows": 2}
 
@@ -49,7 +49,7 @@ def model_config(family: str, dtype: str, s: dict):
 
     shared = dict(vocab_size=s["vocab_size"], emb_dim=s["emb_dim"], num_heads=s["num_heads"],
                   head_dim=s["head_dim"], dtype=dtype, scan_layers=bool(s.get("scan_layers", 1)),
-                  scan_unroll=s.get("scan_unroll") or 1)
+                  scan_unroll=s.get("scan_unroll", 1))
     if family == "llama":
         return DecoderConfig(**shared, num_kv_heads=s["num_heads"], mlp_dim=s["mlp_dim"],
                              num_layers=s["num_layers"], max_len=s["seq_len"])

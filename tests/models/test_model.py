@@ -136,7 +136,6 @@ def test_remat_unrolled_gives_equal_gradients():
                  unrolled, scanned_to_unrolled(reference, BASE.num_layers))
 
 
-
 @pytest.mark.parametrize("unroll", [2, 3])
 def test_scan_unroll_keeps_the_layout_and_computes_the_same(unroll):
     # 3 layers: unroll 2 leaves a remainder layer outside the loop; 3 compiles no loop at all.
@@ -152,7 +151,7 @@ def test_scan_unroll_keeps_the_layout_and_computes_the_same(unroll):
                  _loss_grads(unrolled, params, tokens), _loss_grads(looped, params, tokens))
 
     def forward_hlo(cfg):
-        return jax.jit(lambda p, t: decoder_only.Decoder(cfg).apply({"params": p}, t)).lower(params, tokens).as_text()
+        return _jitted_apply(cfg).lower(params, tokens).as_text()
 
     assert "stablehlo.while" in forward_hlo(looped)
     assert ("stablehlo.while" in forward_hlo(unrolled)) == (unroll < 3)
@@ -175,6 +174,7 @@ def test_scan_unroll_is_a_positive_integer_for_scanned_layers_only():
         _cfg(scan_layers=False, scan_unroll=2)
     with pytest.raises(ConfigValueError, match="scan_unroll=0 must be a positive integer"):
         _cfg(scan_unroll=0)
+
 
 STYLES = pytest.mark.parametrize("cfg", [BASE, GPT2], ids=["llama", "gpt2"])
 
