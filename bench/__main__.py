@@ -21,6 +21,7 @@ from bench import (
     throughput,
     torch_reference,
 )
+from t5x_lite import host_memory
 
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
@@ -78,4 +79,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    host_memory.run_program(main)  # as the t5x-lite program runs (T5X_LITE_MALLOC=system: glibc's defaults)

@@ -80,7 +80,7 @@ def header(command: str) -> str:
     import flax
 
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
-                   if k.startswith(("XLA_", "JAX_", "TF_CPP", "CUDA_VISIBLE")))
+                   if k.startswith(("XLA_", "JAX_", "TF_CPP", "CUDA_VISIBLE", "T5X_LITE_MALLOC", "GLIBC_TUNABLES")))
     parts = [
         datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         f"CPU: {cpu_model()}",

@@ -21,6 +21,8 @@ import importlib
 import sys
 from typing import Sequence
 
+from t5x_lite import host_memory
+
 COMMANDS = {
     "prepare": ("t5x_lite.data.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
     "index": ("t5x_lite.data.index_command", "write a prepared directory's offset index (read by index, O(1) resume)"),
@@ -57,5 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return module.main(rest)
 
 
+def run() -> None:
+    """The `t5x-lite` program (pyproject's console script): `main` with host memory set up first."""
+    host_memory.run_program(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

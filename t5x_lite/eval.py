@@ -5,9 +5,9 @@ Exit codes: 0 success, 2 a configuration or input problem (the message names the
 
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
+from t5x_lite import host_memory
 from t5x_lite.config import entry as gin_entry
 
 USAGE = """usage: t5x-lite eval --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...]
@@ -26,4 +26,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -6,9 +6,9 @@ not yet written. Exit codes: 0 success, 2 a configuration or input problem.
 
 from __future__ import annotations
 
-import sys
 from typing import Sequence
 
+from t5x_lite import host_memory
 from t5x_lite.config import entry as gin_entry
 
 USAGE = """usage: t5x-lite infer --gin_file=FILE [--gin_file=FILE ...] [--gin.KEY=VALUE ...]
@@ -27,4 +27,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from t5x_lite import host_memory
 from t5x_lite.checkpoints import info, lease, verify
 
 VERBS = {"info": (info.main, info.USAGE), "verify": (verify.main, verify.USAGE),
@@ -22,4 +23,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

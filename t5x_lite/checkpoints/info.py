@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.checkpoints import checkpoint, lookup, verify
 
 USAGE = "t5x-lite checkpoint info PATH [--step N] [--config]"
@@ -95,4 +95,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from t5x_lite import host_memory
 from t5x_lite.cluster import slurm as launch_slurm
 
 USAGE = """usage: t5x-lite launch slurm --gin_file=FILE ... --nodes=N [--gpus_per_node=G] [--dry-run]
@@ -28,4 +29,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

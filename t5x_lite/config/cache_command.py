@@ -10,7 +10,7 @@ from typing import Sequence
 
 import gin
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing, registry
 from t5x_lite.data import cache, task_modules
 
@@ -149,4 +149,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Sequence
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing
 from t5x_lite.config import reference as config_reference
 from t5x_lite.config import resolve as config_resolve
@@ -227,4 +227,4 @@ def _diff(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, Sequence
 
+from t5x_lite import host_memory
 from t5x_lite.config import registry
 
 SECTIONS = {
@@ -174,4 +175,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

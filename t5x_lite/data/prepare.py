@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-from t5x_lite import storage
+from t5x_lite import host_memory, storage
 from t5x_lite.data import corpus, hf_vocabulary, prepared_dataset, spm_vocabulary, tokenizer_files
 from t5x_lite.data.corpus import PYTHON_STDLIB, PrepareError
 from t5x_lite.data.prepared_dataset import METADATA_FILE, VOCAB_FILE
@@ -276,4 +276,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.errors import ConfigValueError
@@ -241,4 +241,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

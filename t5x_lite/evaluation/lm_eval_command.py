@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.checkpoints import lookup
 
 MODEL = "t5x_lite"
@@ -94,4 +94,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 from typing import Sequence
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.hf import convert
 from t5x_lite.hf.convert import DEFAULT_MAX_SHARD_BYTES, OUTPUT_DTYPES
 
@@ -68,4 +67,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)

@@ -11,12 +11,11 @@ sizes, vocab/spm.model the vocabulary), so no gin file is needed.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, Sequence
 
 import jax
 
-from t5x_lite import errors
+from t5x_lite import errors, host_memory
 from t5x_lite.checkpoints import restored_model
 from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import ConfigValueError
@@ -72,4 +71,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    host_memory.run_program(main)
