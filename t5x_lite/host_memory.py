@@ -49,7 +49,7 @@ def huge_page_environment(environ: dict[str, str] | None = None) -> dict[str, st
 def run_program(main: Callable[[], int | None]) -> None:
     """Runs an entry point's `main` as a program, started again first where huge pages would help."""
     environ = huge_page_environment()
-    if environ is not None:
+    if environ is not None and sys.executable:  # an embedded interpreter has none to start
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], environ)
