@@ -3,18 +3,17 @@
 XLA:CPU allocates a compiled program's temporary buffers (one block: 674 MiB for the d512
 decoder's train step in docs/benchmarks.md) afresh on every call and frees them after it.
 glibc's malloc maps a block that large with mmap and unmaps it when freed, so every step faults
-each page of it in again: about 173,000 page faults and 0.28 s of kernel time per step of that
-decoder, nearly a quarter of the step. Where the kernel gives transparent huge pages on request
+each page of it in again: about 173,000 page faults and 0.28 s of kernel CPU time per step of
+that decoder (1.15 s of wall time on 2 cores). Where the kernel gives transparent huge pages on request
 (`/sys/kernel/mm/transparent_hugepage/enabled` is `madvise`, the common default), glibc's
 `glibc.malloc.hugetlb=1` tunable asks for them on every mapping of 2 MiB or more: about 950
-faults per step, the same peak resident memory, and the step 1.07x faster.
+faults per step, the same peak resident memory, and the step 1.09-1.13x faster.
 
 glibc reads its tunables only when a process starts, so `run_program` starts the program again
 (the same process id, arguments and environment, plus `GLIBC_TUNABLES`) before it imports JAX
 or TensorFlow. It does nothing where the tunable is already set, where the kernel's huge pages
 are `always` (the kernel already uses them) or `never`, elsewhere than Linux with glibc 2.35 or
-later, and when
-`T5X_LITE_MALLOC=system`. The library never changes a process it is imported into.
+later, and when `T5X_LITE_MALLOC=system`. The library never changes a process it is imported into.
 
 Imports nothing from the package.
 """
