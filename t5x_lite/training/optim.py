@@ -1,8 +1,9 @@
 """The optimizers a run chooses in gin (`train.optimizer = @AdamW()` or `@Adafactor()`).
 
 Each takes its learning-rate schedule as a gin-bound object (`AdamW.learning_rate =
-@WarmupCosine()`, schedules.py) and an optional global-norm gradient clipping. `build(total_steps,
-logical_axes)` gives the optax transformation of a run (Adafactor needs the params' logical
+@WarmupCosine()`, schedules.py) and an optional global-norm gradient clipping, which the train
+step applies (`clip_by_global_norm`) before the update. `build(total_steps, logical_axes)` gives
+the optax transformation of a run (Adafactor needs the params' logical
 axes: its factoring and its per-layer statistics follow them, see adafactor.py), `schedule` the
 learning rate the run reports, `check` every bad value by its gin name. `state_logical_specs`
 gives the optimizer state's logical PartitionSpecs, for the trainer's shardings.
@@ -37,9 +38,25 @@ def weight_decay_mask(params):
     return jax.tree_util.tree_map_with_path(is_matrix, params)
 
 
-def _clipped(tx: optax.GradientTransformation, clip_grad_norm: float | None) -> optax.GradientTransformation:
-    """`tx` after global-norm clipping of the gradients (none when `clip_grad_norm` is 0 or None)."""
-    return optax.chain(optax.clip_by_global_norm(clip_grad_norm), tx) if clip_grad_norm else tx
+def clip_by_global_norm(grads: Any, *, grad_norm: jax.Array, max_norm: float | None) -> Any:
+    """`grads` scaled to the global norm `max_norm` where their global norm `grad_norm` exceeds it
+    (unchanged when `max_norm` is 0 or None).
+
+    optax.clip_by_global_norm's arithmetic, given the norm the train step computes anyway: one
+    pass over the gradients fewer, and the step clips before its guarded update, where XLA can
+    scale the gradients in place (inside the update it kept a float32 copy of every gradient).
+    """
+    if not max_norm:
+        return grads
+    trigger = grad_norm < max_norm
+    return jax.tree.map(lambda g: jax.lax.select(trigger, g, (g / grad_norm.astype(g.dtype)) * max_norm), grads)
+
+
+def _with_clipping_slot(tx: optax.GradientTransformation, clip_grad_norm: float | None) -> optax.GradientTransformation:
+    """`tx` behind the empty state slot of `optax.chain(optax.clip_by_global_norm(...), tx)` when
+    clipping is on, so the optimizer state (and its checkpoints) keep that layout; the clipping
+    itself is the train step's (`clip_by_global_norm`)."""
+    return optax.chain(optax.identity(), tx) if clip_grad_norm else tx
 
 
 def _check_schedule(problems: Problems, name: str, schedule: Any) -> None:
@@ -75,11 +92,13 @@ class AdamW:
         return self.learning_rate.build(total_steps)
 
     def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
-        """The optax transformation for a run of `total_steps` optimizer steps (`logical_axes` unused)."""
+        """The optax transformation for a run of `total_steps` optimizer steps (`logical_axes` unused).
+
+        Without the gradient clipping: the train step clips (`clip_by_global_norm`)."""
         del logical_axes
         adamw = optax.adamw(self.schedule(total_steps), b1=self.b1, b2=self.b2, eps=self.eps,
                             weight_decay=self.weight_decay, mask=weight_decay_mask)
-        return _clipped(adamw, self.clip_grad_norm)
+        return _with_clipping_slot(adamw, self.clip_grad_norm)
 
     def check(self, problems: Problems) -> None:
         """Adds each bad value, named as gin binds it, to `problems`."""
@@ -133,7 +152,8 @@ class Adafactor:
 
     def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
         """The optax transformation for a run of `total_steps` steps on params with these
-        `logical_axes` (their tree of logical PartitionSpecs, e.g. placement.params_abstract's)."""
+        `logical_axes` (their tree of logical PartitionSpecs, e.g. placement.params_abstract's).
+        Without the gradient clipping: the train step clips (`clip_by_global_norm`)."""
         if logical_axes is None:
             raise ValueError("Adafactor.build needs the params' logical axes: it factors and scales each "
                              "layer's matrix by them (Trainer.for_run passes them).")
@@ -143,7 +163,7 @@ class Adafactor:
             multiply_by_parameter_scale=self.multiply_by_parameter_scale, momentum=self.momentum,
             weight_decay=self.weight_decay, weight_decay_mask=weight_decay_mask, eps=self.eps,
             factored=self.factored, min_dim_size_to_factor=self.min_dim_size_to_factor)
-        return _clipped(tx, self.clip_grad_norm)
+        return _with_clipping_slot(tx, self.clip_grad_norm)
 
     def check(self, problems: Problems) -> None:
         """Adds each bad value, named as gin binds it, to `problems`."""

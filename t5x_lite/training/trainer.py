@@ -74,9 +74,18 @@ def loss_sums(model: nn.Module, params: Any, batch: Batch, loss_config: LossConf
     )
 
 
+def _unchanged(params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
+    del grads
+    return params, opt_state
+
+
 @dataclasses.dataclass
 class Trainer:
-    """Owns the model, optimizer and mesh; builds sharded state and compiled steps."""
+    """Owns the model, optimizer and mesh; builds sharded state and compiled steps.
+
+    `optimizer` is the optax transformation without gradient clipping; `clip_grad_norm` (the
+    optimizer config's, see `for_run`) clips the gradients to that global norm before it.
+    """
 
     model: nn.Module
     optimizer: optax.GradientTransformation
@@ -85,6 +94,7 @@ class Trainer:
     rules: partitioning.LogicalRules
     loss_config: LossConfig = LossConfig()
     microbatches: int = 1
+    clip_grad_norm: float | None = None
 
     @classmethod
     def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, mesh: Mesh, rules: partitioning.LogicalRules,
@@ -94,7 +104,7 @@ class Trainer:
         logical_axes = placement.params_abstract(model)[1]
         return cls(model=model.make_module(), optimizer=optimizer.build(total_steps, logical_axes=logical_axes),
                    learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh, rules=rules, loss_config=loss,
-                   microbatches=microbatches)
+                   microbatches=microbatches, clip_grad_norm=optimizer.clip_grad_norm)
 
     def __post_init__(self):
         self.rules = partitioning.rules_for_mesh(self.rules, self.mesh)
@@ -183,14 +193,14 @@ class Trainer:
                 accumulate, zeros, (jnp.arange(self.microbatches), micro_batches)
             )
 
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
         grad_norm = optax.tree.norm(grads)
         # A step whose loss or gradients are not finite leaves parameters and optimizer state as
-        # they were (the select fuses into the update); the loop decides whether to stop.
+        # they were; the loop decides whether to stop. The update runs inside the conditional
+        # (selecting between old and new state instead, XLA:CPU copied every donated moment before
+        # overwriting it), the clipping before it (so the clipped gradients overwrite the raw ones).
         finite = jnp.isfinite(sums["loss_sum"]) & jnp.isfinite(grad_norm)
-        params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                         (params, opt_state), (state.params, state.opt_state))
+        grads = optim.clip_by_global_norm(grads, grad_norm=grad_norm, max_norm=self.clip_grad_norm)
+        params, opt_state = jax.lax.cond(finite, self._updated, _unchanged, state.params, state.opt_state, grads)
         metrics = {
             "loss_sum": sums["loss_sum"],
             "z_loss_sum": sums["z_loss_sum"],
@@ -200,6 +210,10 @@ class Trainer:
             "nonfinite_steps": 1.0 - finite.astype(jnp.float32),
         }
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def _updated(self, params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
 
     def _jitted_train_step(self):
         if self._train_step is None:

@@ -56,7 +56,7 @@ def main() -> None:
         mesh = partitioning.make_mesh(axes=axes, devices=jax.devices())
         for model_name, (module, batch) in models.items():
             trainer = trainer_lib.Trainer(model=module, optimizer=ADAMW.build(30), learning_rate_fn=ADAMW.schedule(30),
-                                          mesh=mesh, rules=rules)
+                                          mesh=mesh, rules=rules, clip_grad_norm=ADAMW.clip_grad_norm)
             trainer.lower_train_step(batch).compile()
             print(f"compiled {model_name} {mesh_name}", flush=True)
 

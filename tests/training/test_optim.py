@@ -1,5 +1,6 @@
 """AdamW: its warmup + cosine schedule, weight-decay mask and gradient clipping."""
 
+import dataclasses
 import math
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec
 
 from t5x_lite.models import decoder_only
 from t5x_lite.training import optim, schedules
@@ -116,34 +118,49 @@ def test_weight_decay_applies_only_to_masked_leaves():
     np.testing.assert_array_equal(updates["layers"]["norm"]["scale"], 0.0)
 
 
-def test_clipping_first_in_chain_bounds_global_norm():
+def test_clip_by_global_norm_is_optax_clipping_given_the_norm():
     clip = 0.5
-    cfg = optim.AdamW(clip_grad_norm=clip)
-    tx = cfg.build(total_steps=100)
-    params = {"a": {"kernel": jnp.ones((4, 4))}, "b": {"scale": jnp.ones((4,))}}
     grads = {"a": {"kernel": jnp.full((4, 4), 1e4)}, "b": {"scale": jnp.full((4,), -3e3)}}
-    assert isinstance(tx.init(params), tuple)  # a chain: (clip state, adamw state)
-    # The chain's first transformation is the clipper: apply it alone.
-    clipper = optax.clip_by_global_norm(clip)
-    clipped, _ = clipper.update(grads, clipper.init(params), params)
+    norm = optax.tree.norm(grads)
+    clipped = optim.clip_by_global_norm(grads, grad_norm=norm, max_norm=clip)
     assert float(optax.tree.norm(clipped)) <= clip + 1e-5
-    # Clipping is only a rescale: direction unchanged.
+    # Clipping is only a rescale: direction unchanged, and optax's arithmetic to the bit.
     ratio_a = np.asarray(clipped["a"]["kernel"]) / np.asarray(grads["a"]["kernel"])
     ratio_b = np.asarray(clipped["b"]["scale"]) / np.asarray(grads["b"]["scale"])
     np.testing.assert_allclose(ratio_b, ratio_a.flat[0], rtol=1e-5)
-    np.testing.assert_allclose(ratio_a.flat[0], clip / float(optax.tree.norm(grads)), rtol=1e-5)
+    np.testing.assert_allclose(ratio_a.flat[0], clip / float(norm), rtol=1e-5)
+    clipper = optax.clip_by_global_norm(clip)
+    expected, _ = clipper.update(grads, clipper.init(grads))
+    jax.tree.map(np.testing.assert_array_equal, clipped, expected)
+    # Below the threshold, or with clipping off, the gradients pass unchanged.
+    small = jax.tree.map(lambda g: g * 1e-6, grads)
+    jax.tree.map(np.testing.assert_array_equal,
+                 optim.clip_by_global_norm(small, grad_norm=optax.tree.norm(small), max_norm=clip), small)
+    for off in (None, 0.0):
+        assert optim.clip_by_global_norm(grads, grad_norm=norm, max_norm=off) is grads
 
-    # The full chain's update equals AdamW applied to the clipped gradients.
-    adamw = optax.adamw(cfg.schedule(100), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                        weight_decay=cfg.weight_decay, mask=optim.weight_decay_mask)
+
+@pytest.mark.parametrize("cfg", [optim.AdamW(clip_grad_norm=0.5), optim.Adafactor(clip_grad_norm=0.5)],
+                         ids=["adamw", "adafactor"])
+def test_clipping_keeps_the_state_layout_of_optax_chain(cfg):
+    """The state keeps optax.chain(clip_by_global_norm, tx)'s layout (checkpoints stay readable);
+    the transformation itself leaves clipping to the train step."""
+    params = {"a": {"kernel": jnp.ones((4, 4))}, "b": {"scale": jnp.ones((4,))}}
+    axes = {"a": {"kernel": PartitionSpec("embed", "mlp")}, "b": {"scale": PartitionSpec("embed")}}
+    tx = cfg.build(total_steps=100, logical_axes=axes)
+    unclipped = dataclasses.replace(cfg, clip_grad_norm=None).build(total_steps=100, logical_axes=axes)
+    chained = optax.chain(optax.clip_by_global_norm(0.5), unclipped)
     state = tx.init(params)
-    for _ in range(3):  # a few steps, so the learning rate is non-zero after warmup starts
-        updates, state = tx.update(grads, state, params)
-    exp_state = adamw.init(params)
+    assert jax.tree.structure(state) == jax.tree.structure(chained.init(params))
+    grads = {"a": {"kernel": jnp.full((4, 4), 1e4)}, "b": {"scale": jnp.full((4,), -3e3)}}
     for _ in range(3):
-        expected, exp_state = adamw.update(clipped, exp_state, params)
-    jax.tree.map(lambda u, e: np.testing.assert_allclose(u, e, rtol=1e-5, atol=1e-12), updates, expected)
-    assert float(optax.tree.norm(updates)) > 0
+        updates, state = tx.update(grads, state, params)
+    reference = state[1]
+    unclipped_state = unclipped.init(params)
+    for _ in range(3):
+        expected, unclipped_state = unclipped.update(grads, unclipped_state, params)
+    jax.tree.map(np.testing.assert_array_equal, updates, expected)
+    jax.tree.map(np.testing.assert_array_equal, reference, unclipped_state)
 
 
 def test_no_clipping_when_disabled():

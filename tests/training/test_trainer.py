@@ -18,8 +18,9 @@ BATCH, LENGTH = 8, 16
 ADAMW = AdamW(learning_rate=WarmupCosine(peak_learning_rate=1e-2, warmup_steps=0, decay_steps=30,
                                          final_learning_rate_fraction=0.1), weight_decay=0.01, clip_grad_norm=1.0)
 # Plain SGD makes parameters a linear function of the gradient: the strictest comparison.
-OPTIMIZERS = {"adamw": (ADAMW.build(total_steps=30), ADAMW.schedule(30)),
-              "sgd": (optax.sgd(0.5), lambda step: 0.5)}
+OPTIMIZERS = {"adamw": (ADAMW.build(total_steps=30), ADAMW.schedule(30), ADAMW.clip_grad_norm),
+              "sgd": (optax.sgd(0.5), lambda step: 0.5, None),
+              "clipped_sgd": (optax.sgd(0.5), lambda step: 0.5, 0.05)}
 
 
 def make_batch(seed=0, batch=BATCH, length=LENGTH):
@@ -40,9 +41,10 @@ def make_batch(seed=0, batch=BATCH, length=LENGTH):
 def get_trainer(mesh_axes=(("data", 1), ("fsdp", 1), ("tensor", 1)), optimizer="adamw", microbatches=1):
     devices = jax.devices()[: int(np.prod([s for _, s in mesh_axes]))]
     mesh = partitioning.make_mesh(axes=mesh_axes, devices=devices)
-    tx, schedule = OPTIMIZERS[optimizer]
+    tx, schedule, clip = OPTIMIZERS[optimizer]
     return trainer_lib.Trainer(model=decoder_only.Decoder(CFG), optimizer=tx, learning_rate_fn=schedule,
-                               mesh=mesh, rules=partitioning.DEFAULT_RULES, microbatches=microbatches)
+                               mesh=mesh, rules=partitioning.DEFAULT_RULES, microbatches=microbatches,
+                               clip_grad_norm=clip)
 
 
 _INITIAL_STATES = {}
@@ -53,7 +55,7 @@ def initial_state(trainer, batch, seed=0):
 
     Trainers that differ only in `microbatches` share it, so they start from identical states.
     """
-    key = (tuple(trainer.mesh.shape.items()), trainer.optimizer, seed)
+    key = (tuple(trainer.mesh.shape.items()), trainer.optimizer, trainer.clip_grad_norm, seed)
     if key not in _INITIAL_STATES:
         state = trainer.init_state(jax.random.PRNGKey(seed), batch)
         _INITIAL_STATES[key] = jax.tree.map(np.asarray, state)
@@ -113,6 +115,27 @@ def test_first_step_metrics_match_direct_loss():
                                     jax.random.PRNGKey(1))
     np.testing.assert_allclose(float(metrics["weight_sum"]), weights.sum())
     np.testing.assert_allclose(float(metrics["loss_sum"]), np.sum(ce * weights), rtol=1e-5)
+
+
+def test_step_clips_the_gradients_to_the_global_norm():
+    """With clip_grad_norm the SGD step moves the params by -lr * the clipped gradient, and
+    reports the norm before clipping."""
+    batch = make_batch(seed=2)
+    trainer = get_trainer(optimizer="clipped_sgd")
+    params = jax.tree.map(np.asarray, initial_state(trainer, batch).params)
+    new_params, history, _ = run_steps(trainer, batch, 1)
+
+    def loss(p):
+        logits = decoder_only.Decoder(CFG).apply({"params": p}, batch["decoder_input_tokens"])
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["decoder_target_tokens"])
+        return (ce * batch["decoder_loss_weights"]).sum() / batch["decoder_loss_weights"].sum()
+
+    grads = jax.jit(jax.grad(loss))(params)
+    norm = float(optax.tree.norm(grads))
+    assert norm > 0.05 * 4  # clipping matters
+    np.testing.assert_allclose(history[0]["grad_norm"], norm, rtol=1e-4)
+    expected = jax.tree.map(lambda p, g: p - 0.5 * g * (0.05 / norm), params, grads)
+    assert_trees_close(new_params, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_gradient_accumulation_matches_single_batch():
