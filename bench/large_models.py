@@ -68,15 +68,13 @@ def sharded_layer_arrays(trainer) -> str:
 
 def measure(model: str, mesh: str, s: dict) -> dict:
     from t5x_lite.estimate import collectives, layout, memory
+    from t5x_lite.training import trainer as trainer_lib
 
     settings = settings_for(model, mesh, s)
     mesh_shape, _ = layout.check_layout(settings, num_devices=DEVICES)
     arithmetic = memory.memory_estimate(settings, mesh_shape, platform="cpu")
     compiled, trainer, seconds, batch_bytes = memory.compile_train_step(settings, num_devices=DEVICES)
-    analysis = compiled.memory_analysis()
-    xla = {"arguments": analysis.argument_size_in_bytes, "temp": analysis.temp_size_in_bytes,
-           "total": analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-           - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes}
+    xla = trainer_lib.compiled_memory_bytes(compiled.memory_analysis())
     return {"model": model, "mesh": mesh, "shape": mesh_shape, "params": settings.model.num_params(),
             "arithmetic": arithmetic, "xla": xla, "batch_bytes": batch_bytes, "seconds": seconds,
             "groups": collectives.collectives(compiled.as_text()),

@@ -55,7 +55,7 @@ def initial_state(trainer, batch, seed=0):
 
     Trainers that differ only in `microbatches` share it, so they start from identical states.
     """
-    key = (tuple(trainer.mesh.shape.items()), trainer.optimizer, trainer.clip_grad_norm, seed)
+    key = (tuple(trainer.mesh.shape.items()), trainer.optimizer, seed)
     if key not in _INITIAL_STATES:
         state = trainer.init_state(jax.random.PRNGKey(seed), batch)
         _INITIAL_STATES[key] = jax.tree.map(np.asarray, state)
