@@ -84,7 +84,9 @@ class Trainer:
     """Owns the model, optimizer and mesh; builds sharded state and compiled steps.
 
     `optimizer` is the optax transformation without gradient clipping; `clip_grad_norm` (the
-    optimizer config's, see `for_run`) clips the gradients to that global norm before it.
+    optimizer config's, see `for_run`) clips the gradients to that global norm before it. It has
+    no default: an optimizer config's `build()` leaves the clipping out, so a trainer made from it
+    by hand must pass the config's `clip_grad_norm` (None: no clipping) or would train unclipped.
     """
 
     model: nn.Module
@@ -92,9 +94,9 @@ class Trainer:
     learning_rate_fn: optax.Schedule
     mesh: Mesh
     rules: partitioning.LogicalRules
+    clip_grad_norm: float | None
     loss_config: LossConfig = LossConfig()
     microbatches: int = 1
-    clip_grad_norm: float | None = None
 
     @classmethod
     def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, mesh: Mesh, rules: partitioning.LogicalRules,

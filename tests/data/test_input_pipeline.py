@@ -371,7 +371,7 @@ def test_validation_loss_does_not_depend_on_the_batch_size(task):
                                        max_len=SEQ)
     mesh = partitioning.make_mesh(axes=(("data", 1), ("fsdp", 1), ("tensor", 1)), devices=jax.devices()[:1])
     trainer = trainer_lib.Trainer(model=model.make_module(), optimizer=optax.sgd(0.1), learning_rate_fn=lambda s: 0.1,
-                                  mesh=mesh, rules=partitioning.DEFAULT_RULES)
+                                  mesh=mesh, rules=partitioning.DEFAULT_RULES, clip_grad_norm=None)
     params = trainer.init_state(jax.random.PRNGKey(0), {"decoder_input_tokens": np.zeros((2, SEQ), np.int32)}).params
     results = [validation.validation_loss(trainer, params, task_access.DataConfig(task, split="validation", sequence_length=SEQ,
                                                                batch_size=b, shuffle=False))

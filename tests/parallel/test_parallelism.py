@@ -169,7 +169,8 @@ def test_mesh_file_state_bytes_per_device(name, mesh_shape, max_fraction, min_fr
     assert dict(mesh.shape) == mesh_shape
     optimizer = ADAMW.build(10)
     trainer = trainer_lib.Trainer(model=decoder_only.Decoder(DECODER_CFG), optimizer=optimizer,
-                                  learning_rate_fn=ADAMW.schedule(10), mesh=mesh, rules=rules)
+                                  learning_rate_fn=ADAMW.schedule(10), mesh=mesh, rules=rules,
+                                  clip_grad_norm=ADAMW.clip_grad_norm)
     example = {"decoder_input_tokens": np.zeros((8, 16), np.int32)}
     state = trainer.init_state(jax.random.PRNGKey(0), example)
     total, per_device = state_bytes(state)

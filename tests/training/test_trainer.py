@@ -138,6 +138,15 @@ def test_step_clips_the_gradients_to_the_global_norm():
     assert_trees_close(new_params, expected, rtol=1e-4, atol=1e-6)
 
 
+def test_a_trainer_must_be_told_whether_to_clip():
+    """`build()` leaves the clipping to the train step, so a Trainer made by hand without
+    clip_grad_norm would train unclipped: the field has no default."""
+    mesh = partitioning.make_mesh(axes=(("data", 1),), devices=jax.devices()[:1])
+    with pytest.raises(TypeError, match="clip_grad_norm"):
+        trainer_lib.Trainer(model=decoder_only.Decoder(CFG), optimizer=ADAMW.build(total_steps=30),
+                            learning_rate_fn=ADAMW.schedule(30), mesh=mesh, rules=partitioning.DEFAULT_RULES)
+
+
 def test_gradient_accumulation_matches_single_batch():
     batch = make_batch(seed=1)
     params1, hist1, _ = run_steps(get_trainer(optimizer="sgd", microbatches=1), batch, 1)
@@ -216,7 +225,8 @@ def test_lowered_train_step_memory_orders_the_remat_policies():
         cfg = dataclasses.replace(CFG, remat_policy=policy, num_layers=4)
         mesh = partitioning.make_mesh(axes=(("data", 1),), devices=jax.devices()[:1])
         trainer = trainer_lib.Trainer(model=decoder_only.Decoder(cfg), optimizer=optax.sgd(0.1),
-                                      learning_rate_fn=lambda step: 0.1, mesh=mesh, rules=partitioning.DEFAULT_RULES)
+                                      learning_rate_fn=lambda step: 0.1, mesh=mesh, rules=partitioning.DEFAULT_RULES,
+                                      clip_grad_norm=None)
         compiled = trainer.lower_train_step(batch).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
