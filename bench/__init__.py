@@ -10,7 +10,10 @@
   decoding       generation tokens/s, KV cache vs. recompute; T5 beam search
   evaluation     eval throughput: strided perplexity tokens/s, multiple-choice examples/s
   gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)
-  all            every CPU benchmark above in sequence
+  step_profile   where a train step's device time goes, by kind of op, from a jax.profiler trace
+  torch_reference  eager PyTorch nanoGPT-style decoder tokens/s at throughput's sizes
+  large_models   compile-only 1.3B decoder and T5-XL on 8 host devices: memory vs estimate, collectives
+  all            matmul_peak to evaluation and torch_reference, in sequence (CPU_BENCHMARKS)
 
 Each prints a header line (date, CPU, cores, accelerator, versions, the exact command), a
 markdown table, and the settings it ran with. `--quick` uses tiny sizes, to check the scripts.

@@ -18,6 +18,7 @@ from bench import (
     loop_overhead,
     matmul_peak,
     remat_memory,
+    step_profile,
     throughput,
     torch_reference,
 )
@@ -26,7 +27,8 @@ from t5x_lite import host_memory
 BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_memory": remat_memory,
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
-              "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models}
+              "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models,
+              "step_profile": step_profile}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "loop_overhead",
                   "input_pipeline", "checkpoint", "decoding", "evaluation")
 

@@ -1,0 +1,102 @@
+"""bench/step_profile.py: op kinds by name, own time of nested trace events, a traced --quick step on CPU."""
+
+import contextlib
+import io
+
+import pytest
+
+from bench import step_profile
+from bench.__main__ import BENCHMARKS, parser
+
+
+@pytest.mark.parametrize("name,kind", [
+    ("ynn_fusion.12", "matmuls"),  # XLA:CPU, YNNPACK
+    ("dot_general", "matmuls"),
+    ("nvjet_sm90_tst_176x128_64x5_1x2_h_bz_TNN", "matmuls"),  # XLA:GPU, cuBLAS
+    ("gemm_fusion_dot_508", "matmuls"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64", "attention (cuDNN)"),
+    ("bitcast_dynamic-update-slice_fusion.20", "stack writes (dynamic-update-slice)"),
+    ("dynamic-slice_dynamic-update-slice_fusion.3", "stack writes (dynamic-update-slice)"),
+    ("loop_dynamic_update_slice_fusion_4", "stack writes (dynamic-update-slice)"),
+    ("dynamic-slice_bitcast_fusion.11", "stack reads (dynamic-slice)"),
+    ("wrapped_broadcast.6", "fills (broadcast, memset)"),
+    ("Memset 0", "fills (broadcast, memset)"),
+    ("copy_bitcast_fusion.3", "copies and transposes"),
+    ("memcpy32_post", "copies and transposes"),
+    ("input_add_reduce_fusion", "reductions"),
+    ("input_concatenate_fusion_47", "concatenates"),
+    ("while.50", "loop and conditional control"),
+    ("broadcast_select_fusion.1", "elementwise and other"),
+    ("loop_multiply_fusion_72", "elementwise and other"),
+])
+def test_op_kind_by_name(name, kind):
+    assert step_profile.op_kind(name) == kind
+
+
+def test_op_family_drops_the_number():
+    assert step_profile.op_family("ynn_fusion.12") == "ynn_fusion"
+    assert step_profile.op_family("loop_add_fusion_82") == "loop_add_fusion"
+    assert step_profile.op_family("wrapped_add") == "wrapped_add"
+
+
+def _meta(pid, tid, process, thread):
+    return [{"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process}},
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": thread}}]
+
+
+def _op(pid, tid, name, ts, dur):
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+
+def test_cpu_ops_count_their_own_time_without_the_runtime():
+    """A loop's event contains its body's ops, the thunk executor's events contain ops: each op
+    counts only its own time; the runtime's events and the Python thread's do not count."""
+    trace = {"traceEvents": [
+        *_meta(1, 10, "/host:CPU", "tf_XLAEigen/123"), *_meta(1, 11, "/host:CPU", "python"),
+        _op(1, 10, "while.3", 0, 100), _op(1, 10, "ynn_fusion.1", 10, 30),
+        _op(1, 10, "ThunkExecutor::Execute", 50, 40), _op(1, 10, "add_fusion", 55, 10),
+        _op(1, 10, "end: copy.2", 120, 5),
+        _op(1, 11, "PjitFunction(_train_step_fn)", 0, 200), _op(1, 11, "ynn_fusion.9", 0, 50),
+    ]}
+    assert dict(step_profile.device_op_times(trace)) == {"while.3": 30, "ynn_fusion.1": 30, "add_fusion": 10,
+                                                         "copy.2": 5}
+
+
+def test_a_device_trace_counts_the_streams_only():
+    trace = {"traceEvents": [
+        *_meta(1, 7, "/device:GPU:0", "Stream #14(Memset,Compute)"), *_meta(2, 3, "/host:CPU", "tf_XLAEigen/1"),
+        _op(1, 7, "nvjet_sm90_tst", 0, 40), _op(1, 7, "loop_add_fusion_2", 40, 10),
+        _op(2, 3, "ynn_fusion.1", 0, 99),
+    ]}
+    times = step_profile.device_op_times(trace)
+    assert dict(times) == {"nvjet_sm90_tst": 40, "loop_add_fusion_2": 10}
+    kinds, families, total = step_profile.summarize(times, steps=2, top=5)
+    assert kinds == [["matmuls", "0.02", "80.0%"], ["elementwise and other", "0.01", "20.0%"]]
+    assert total == pytest.approx(0.025)
+    assert families[0] == ["nvjet_sm90_tst", "matmuls", 1, "0.02", "80.0%"]
+
+
+def _run(*extra):
+    argv = ["step_profile", "--quick", *extra]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = step_profile.run(parser().parse_args(argv), "python -m bench " + " ".join(argv))
+    return result, out.getvalue()
+
+
+def test_quick_profile_of_the_scanned_and_the_loop_free_step():
+    """The traced CPU step has matmuls; the scanned one writes and reads its stacks, the one
+    with every layer in one iteration (scan_unroll = the 2 layers) does not."""
+    assert BENCHMARKS["step_profile"] is step_profile
+    scanned, out = _run("--scan_unroll=1")
+    loop_free, _ = _run("--scan_unroll=2")
+    for result in (scanned, loop_free):
+        assert result["kinds"]["matmuls"] > 0
+        assert result["op_ms"] > 0 and result["wall_ms"] > 0  # op time: every host device's threads, summed
+    assert scanned["kinds"]["stack writes (dynamic-update-slice)"] > 0
+    assert scanned["kinds"]["stack reads (dynamic-slice)"] > 0
+    assert not {"stack writes (dynamic-update-slice)", "stack reads (dynamic-slice)"} & set(loop_free["kinds"])
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("**") and "command: `python -m bench step_profile --quick" in lines[0]
+    assert "| kind" in out and "| op (without its number)" in out
+    assert lines[-1].startswith("settings: ")
