@@ -147,32 +147,33 @@ def layer_normalize(x: Array, scale: Array, bias: Array, *, epsilon: float, dtyp
     return (normed * scale + bias).astype(dtype)
 
 
-def recomputed_if_16bit(fn: Callable[..., Array], x: Array, *args: Array) -> Array:
-    """`fn(x, *args)`: plain autodiff for float32 `x`; for 16-bit `x` under `jax.checkpoint`, so the
-    backward pass keeps only the inputs and recomputes `fn`'s intermediates."""
-    return fn(x, *args) if x.dtype == jnp.float32 else jax.checkpoint(fn)(x, *args)
+def recomputed(fn: Callable[..., Array], x: Array, *args: Array) -> Array:
+    """`fn(x, *args)` under `jax.checkpoint`: the backward pass keeps only the inputs and recomputes
+    `fn`'s intermediates, elementwise work that costs less to redo than to store in a layer's
+    saved activations and read back."""
+    return jax.checkpoint(fn)(x, *args)
 
 
 def float32_norm(normalize: Callable[..., Array], x: Array, *params: Array, epsilon: float, dtype: DType) -> Array:
-    """`normalize(x, *params)`; for 16-bit `x` its float32 intermediates are recomputed in the
+    """`normalize(x, *params)`, computed in float32, with its intermediates recomputed in the
     backward pass rather than saved.
 
-    Saved, they are float32 copies of the norm's input, each twice its size: in a scanned bf16
-    decoder without remat they were the largest activations (the 350M decoder on one H100:
-    25.4 instead of 32.9 GiB, and 5% faster steps, when recomputed; docs/benchmarks.md). A
-    float32 `x` keeps plain autodiff, so float32 models compute exactly as before.
+    Saved, they are float32 arrays of the norm's input size (twice its size for 16-bit input): in
+    a scanned bf16 decoder without remat they were the largest activations (the 350M decoder on
+    one H100: 25.4 instead of 32.9 GiB, and 5% faster steps, when recomputed; float32 on CPU:
+    docs/benchmarks.md).
     """
-    return recomputed_if_16bit(functools.partial(normalize, epsilon=epsilon, dtype=dtype), x, *params)
+    return recomputed(functools.partial(normalize, epsilon=epsilon, dtype=dtype), x, *params)
 
 
 def activation(name: str, x: Array) -> Array:
-    """`ACTIVATIONS[name](x)`; for 16-bit `x` only `x` is kept for the backward pass.
+    """`ACTIVATIONS[name](x)`; only `x` is kept for the backward pass.
 
-    Autodiff of a 16-bit activation keeps its intermediates, each of `x`'s size (two for SiLU,
-    four for tanh-GELU): recomputed instead, an MLP without remat keeps its two projections and
-    their product only. A float32 `x` keeps plain autodiff, as `float32_norm` does.
+    Autodiff of an activation keeps its intermediates, each of `x`'s size (two for SiLU, four
+    for tanh-GELU): recomputed instead, an MLP without remat keeps its two projections and
+    their product only.
     """
-    return x if name == "linear" else recomputed_if_16bit(ACTIVATIONS[name], x)
+    return x if name == "linear" else recomputed(ACTIVATIONS[name], x)
 
 
 class RMSNorm(nn.Module):

@@ -111,41 +111,41 @@ def test_rmsnorm_scale_multiplies_output():
     np.testing.assert_allclose(np.asarray(y2), np.asarray(y1) * np.asarray(scale), rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("norm_class", [layers.RMSNorm, layers.LayerNorm])
-def test_a_16_bit_norm_saves_only_its_input_for_the_backward_pass(norm_class, capsys):
-    """Its float32 intermediates (each twice the input's size) are recomputed, not kept; the
-    gradients equal plain autodiff's; a float32 norm keeps plain autodiff."""
-    x = (3.0 * _rand(7, (4, 64)) + 1.0).astype(jnp.bfloat16)
-    norm = norm_class(dtype=jnp.bfloat16)
+def test_a_norm_saves_only_its_input_for_the_backward_pass(norm_class, dtype, capsys):
+    """Its float32 intermediates (each twice a 16-bit input's size) are recomputed, not kept; the
+    gradients equal plain autodiff's."""
+    x = (3.0 * _rand(7, (4, 64)) + 1.0).astype(dtype)
+    norm = norm_class(dtype=dtype)
     variables = norm.init(jax.random.PRNGKey(0), x)
     loss = lambda v, x: norm.apply(v, x).astype(jnp.float32).sum()  # noqa: E731
     jax.ad_checkpoint.print_saved_residuals(loss, variables, x)
     saved = capsys.readouterr().out.splitlines()
-    assert [line for line in saved if "argument x" in line] == ["bf16[4,64] from the argument x"]
+    name = jnp.dtype(dtype).name.replace("bfloat", "bf").replace("float", "f")
+    assert [line for line in saved if "argument x" in line] == [f"{name}[4,64] from the argument x"]
     assert not [line for line in saved if "argument" not in line], saved  # nothing computed is kept
 
     params = variables["params"]
     args = (params["scale"],) if norm_class is layers.RMSNorm else (params["scale"], params["bias"])
     pure = layers.rms_normalize if norm_class is layers.RMSNorm else layers.layer_normalize
-    plain = lambda x: pure(x, *args, epsilon=norm.epsilon, dtype=jnp.bfloat16).astype(jnp.float32).sum()  # noqa: E731
+    plain = lambda x: pure(x, *args, epsilon=norm.epsilon, dtype=dtype).astype(jnp.float32).sum()  # noqa: E731
     np.testing.assert_array_equal(np.asarray(jax.grad(loss, argnums=1)(variables, x), np.float32),
                                   np.asarray(jax.grad(plain)(x), np.float32))
 
-    x32 = x.astype(jnp.float32)
-    jax.ad_checkpoint.print_saved_residuals(lambda v, x: norm_class().apply(v, x).sum(), variables, x32)
-    assert any("argument" not in line for line in capsys.readouterr().out.splitlines())
 
-
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("activations", [("gelu", "linear"), ("silu", "linear"), ("gelu",), ("gelu_exact",)])
-def test_a_16_bit_mlp_keeps_its_projections_and_product_only(activations, capsys):
+def test_an_mlp_keeps_its_projections_and_product_only(activations, dtype, capsys):
     """The activations' intermediates (up to four arrays of the hidden size for GELU) are recomputed
     in the backward pass; the gradients equal plain autodiff's."""
-    x = _rand(9, (2, 8, 16)).astype(jnp.bfloat16)
-    mlp = layers.MLP(64, activations, jnp.bfloat16)
+    x = _rand(9, (2, 8, 16)).astype(dtype)
+    mlp = layers.MLP(64, activations, dtype)
     variables = mlp.init(jax.random.PRNGKey(0), x)
     loss = lambda v, x: mlp.apply(v, x).astype(jnp.float32).sum()  # noqa: E731
     jax.ad_checkpoint.print_saved_residuals(loss, variables, x)
-    hidden = [line for line in capsys.readouterr().out.splitlines() if line.startswith("bf16[2,8,64]")]
+    name = jnp.dtype(dtype).name.replace("bfloat", "bf").replace("float", "f")
+    hidden = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{name}[2,8,64]")]
     # Each projection's output and the product; a gated MLP also keeps act(x W0) for the product's gradient.
     assert len(hidden) == len(activations) + 1 + (len(activations) > 1), hidden
 
