@@ -21,7 +21,6 @@ import gzip
 import json
 import re
 import tempfile
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -113,12 +112,19 @@ def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
     return totals
 
 
+def kind_times(op_times: Mapping[str, float]) -> collections.Counter:
+    """The op times summed by `op_kind`."""
+    kinds = collections.Counter()
+    for name, us in op_times.items():
+        kinds[op_kind(name)] += us
+    return kinds
+
+
 def summarize(op_times: Mapping[str, float], *, steps: int, top: int) -> tuple[list[list], list[list], float]:
     """Rows by kind and rows of the `top` op families, in ms per step; and the total ms per step."""
     total = sum(op_times.values())
-    kinds, families, calls = collections.Counter(), collections.Counter(), collections.Counter()
+    kinds, families, calls = kind_times(op_times), collections.Counter(), collections.Counter()
     for name, us in op_times.items():
-        kinds[op_kind(name)] += us
         families[op_family(name)] += us
         calls[op_family(name)] += 1
     share = lambda us: f"{100 * us / total:.1f}%" if total else "-"  # noqa: E731
@@ -150,15 +156,9 @@ def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float]:
     step = common.compile_train_step(trainer, batch).compiled
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     args = (common.global_batch(trainer, batch), jax.device_put(jax.random.PRNGKey(1), trainer._replicated))  # noqa: SLF001
-    for _ in range(s["warmup_steps"]):
-        state, metrics = step(state, *args)
-    jax.block_until_ready((state, metrics))
+    state, *_ = common.timed_steps(step, state, *args, warmup=s["warmup_steps"], windows=0, steps=0)
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-        start = time.perf_counter()
-        for _ in range(s["steps"]):
-            state, metrics = step(state, *args)
-        jax.block_until_ready((state, metrics))
-        wall = (time.perf_counter() - start) / s["steps"]
+        _, _, _, (wall,) = common.timed_steps(step, state, *args, warmup=0, windows=1, steps=s["steps"])
     return cfg, wall
 
 
@@ -202,6 +202,5 @@ def run(args, command: str) -> dict:
     print(f"Own time of each op (a loop or conditional without the ops inside it); `ops`: distinct op "
           f"names in the family.{' Trace kept in ' + trace_dir + '.' if s['trace_dir'] else ''}")
     print(common.settings_line(s))
-    return {"settings": s, "wall_ms": wall * 1e3, "op_ms": total, "kinds": {row[0]: float(row[1].replace(",", ""))
-                                                                          for row in kind_rows},
-            "op_times": op_times}
+    return {"settings": s, "wall_ms": wall * 1e3, "op_ms": total, "op_times": op_times,
+            "kinds": {kind: us / s["steps"] / 1e3 for kind, us in kind_times(op_times).items()}}

@@ -122,8 +122,8 @@ def test_a_norm_saves_only_its_input_for_the_backward_pass(norm_class, dtype, ca
     loss = lambda v, x: norm.apply(v, x).astype(jnp.float32).sum()  # noqa: E731
     jax.ad_checkpoint.print_saved_residuals(loss, variables, x)
     saved = capsys.readouterr().out.splitlines()
-    name = jnp.dtype(dtype).name.replace("bfloat", "bf").replace("float", "f")
-    assert [line for line in saved if "argument x" in line] == [f"{name}[4,64] from the argument x"]
+    x_type = jax.typeof(x).str_short(short_dtypes=True)  # bf16[4,64] or f32[4,64]
+    assert [line for line in saved if "argument x" in line] == [f"{x_type} from the argument x"]
     assert not [line for line in saved if "argument" not in line], saved  # nothing computed is kept
 
     params = variables["params"]
@@ -144,8 +144,8 @@ def test_an_mlp_keeps_its_projections_and_product_only(activations, dtype, capsy
     variables = mlp.init(jax.random.PRNGKey(0), x)
     loss = lambda v, x: mlp.apply(v, x).astype(jnp.float32).sum()  # noqa: E731
     jax.ad_checkpoint.print_saved_residuals(loss, variables, x)
-    name = jnp.dtype(dtype).name.replace("bfloat", "bf").replace("float", "f")
-    hidden = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"{name}[2,8,64]")]
+    hidden_type = jax.typeof(x).update(shape=(2, 8, 64)).str_short(short_dtypes=True)
+    hidden = [line for line in capsys.readouterr().out.splitlines() if line.startswith(hidden_type)]
     # Each projection's output and the product; a gated MLP also keeps act(x W0) for the product's gradient.
     assert len(hidden) == len(activations) + 1 + (len(activations) > 1), hidden
 
