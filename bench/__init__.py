@@ -12,8 +12,9 @@
   gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)
   step_profile   where a train step's device time goes, by kind of op, from a jax.profiler trace
   torch_reference  eager PyTorch nanoGPT-style decoder tokens/s at throughput's sizes
+  matmul_shapes  the train step's dense matmuls, each alone, in JAX and in PyTorch: the kernels' share of a gap
   large_models   compile-only 1.3B decoder and T5-XL on 8 host devices: memory vs estimate, collectives
-  all            matmul_peak to evaluation and torch_reference, in sequence (CPU_BENCHMARKS)
+  all            matmul_peak to evaluation, torch_reference and matmul_shapes, in sequence (CPU_BENCHMARKS)
 
 Each prints a header line (date, CPU, cores, accelerator, versions, the exact command), a
 markdown table, and the settings it ran with. `--quick` uses tiny sizes, to check the scripts.

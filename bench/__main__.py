@@ -17,6 +17,7 @@ from bench import (
     large_models,
     loop_overhead,
     matmul_peak,
+    matmul_shapes,
     remat_memory,
     step_profile,
     throughput,
@@ -28,9 +29,10 @@ BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_m
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
               "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models,
-              "step_profile": step_profile}
-CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "loop_overhead",
-                  "input_pipeline", "checkpoint", "decoding", "evaluation")
+              "step_profile": step_profile, "matmul_shapes": matmul_shapes}
+CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "matmul_shapes",
+                  "loop_overhead", "input_pipeline", "checkpoint", "decoding", "evaluation")
+NEEDS_TORCH = ("torch_reference", "matmul_shapes")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,17 +51,18 @@ def parser() -> argparse.ArgumentParser:
 
 def run_all(args, all_argv) -> None:
     """Each CPU benchmark with its defaults (or --quick); throughput and torch_reference reuse the
-    measured peak; torch_reference is skipped, with a line saying so, where PyTorch is not installed."""
+    measured peak; torch_reference and matmul_shapes are skipped, with a line saying so, where PyTorch is
+    not installed."""
     quick = ["--quick"] if args.quick else []
     peaks = {}
     for name in CPU_BENCHMARKS:
         extra = []
         if name == "throughput":
             extra = [f"--peak_flops={peaks['float32']:.6g}", f"--peak_flops_bf16={peaks['bfloat16']:.6g}"]
+        if name in NEEDS_TORCH and importlib.util.find_spec("torch") is None:
+            print(f"{name} skipped: PyTorch is not installed (`make install-torch`).\n\n", flush=True)
+            continue
         if name == "torch_reference":
-            if importlib.util.find_spec("torch") is None:
-                print("torch_reference skipped: PyTorch is not installed (`make install-torch`).\n\n", flush=True)
-                continue
             extra = [f"--peak_flops={peaks['float32']:.6g}"]
         argv = [name, *quick, *extra]
         sub_args = parser().parse_args(argv)

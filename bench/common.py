@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import platform
 import shlex
@@ -171,6 +172,18 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
+
+
+def best_seconds(run_calls: Callable[[int], Any], *, repeats: int, min_window_s: float) -> float:
+    """Seconds per call: the best of `repeats` windows, each `run_calls(calls)` (back-to-back calls,
+    returning when all results are ready) at least `min_window_s` long, after a warm-up call."""
+    run_calls(1)
+
+    def window(calls: int) -> float:
+        return timed(lambda: run_calls(calls))[1] / calls
+
+    calls = max(1, math.ceil(min_window_s / window(1)))
+    return min(window(calls) for _ in range(repeats))
 
 
 # ---------------------------------------------------------------------------- t5x_lite

@@ -9,9 +9,6 @@ for MFU by the other benchmarks is the best size of each dtype.
 
 from __future__ import annotations
 
-import math
-import time
-
 import jax
 import jax.numpy as jnp
 
@@ -33,15 +30,8 @@ def gflops(n: int, dtype: str, *, repeats: int, min_window_s: float) -> float:
     a = jax.random.normal(ka, (n, n), jnp.float32).astype(dtype)
     b = jax.random.normal(kb, (n, n), jnp.float32).astype(dtype)
     matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()  # compile + first run
-
-    def window(calls: int) -> float:
-        start = time.perf_counter()
-        jax.block_until_ready([matmul(a, b) for _ in range(calls)])
-        return (time.perf_counter() - start) / calls
-
-    calls = max(1, math.ceil(min_window_s / window(1)))
-    best = min(window(calls) for _ in range(repeats))
+    best = common.best_seconds(lambda calls: jax.block_until_ready([matmul(a, b) for _ in range(calls)]),
+                               repeats=repeats, min_window_s=min_window_s)
     return 2 * n**3 / best / 1e9
 
 
