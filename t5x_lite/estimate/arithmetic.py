@@ -107,18 +107,31 @@ def train_seconds(*, tokens: float, flops_per_token: float, peak_flops_per_devic
     return tokens * flops_per_token / (mfu * peak_flops_per_device * num_devices)
 
 
-def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float, n_mlp_in: int,
-                    scores: float) -> tuple[float, float]:
-    """(device, host) elements one layer keeps per token for the backward pass under `policy`.
+def score_bytes(attention: str, *, dtype_bytes: int) -> tuple[float, float, float]:
+    """Bytes per attention-score entry (heads x attended length per token) that one layer keeps
+    without remat, keeps under `save_dots`, and holds while its backward pass runs (with remat),
+    for each attention implementation:
+
+    'xla' (jax.nn.dot_product_attention differentiated by JAX): scores, mask-added scores,
+    softmax and its mask, in the compute dtype; 'explicit' (models/explicit_attention.py): one
+    float32 probability array (its custom backward pass is recomputed under `save_dots`), and
+    four float32 arrays while the backward pass runs; 'cudnn': a flash kernel, nothing that size.
+    """
+    table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 0, 16), "cudnn": (0, 0, 0)}
+    return table[attention]
+
+
+def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float,
+                    n_mlp_in: int) -> tuple[float, float]:
+    """(device, host) elements one layer keeps per token for the backward pass under `policy`,
+    attention scores aside.
 
     width: emb_dim; q / kv: query and key+value widths (heads x head_dim per device); mlp: MLP hidden
-    width per device, n_mlp_in of them (2 for gated MLPs); scores: attention-score entries per token
-    (heads per device x attended length).
+    width per device, n_mlp_in of them (2 for gated MLPs).
     """
-    everything = 5 * width + 2 * q + kv + (n_mlp_in + 1) * mlp + 4 * scores
     saved = {
-        "none": everything,
-        "save_dots": 3 * width + 2 * q + kv + n_mlp_in * mlp + scores,
+        "none": 5 * width + 2 * q + kv + (n_mlp_in + 1) * mlp,
+        "save_dots": 3 * width + 2 * q + kv + n_mlp_in * mlp,
         "minimal": 3 * width + q + kv + n_mlp_in * mlp,
         "save_qkv_proj": width + q + kv,
         "full": width,
@@ -129,17 +142,21 @@ def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float,
     return saved[policy], 0.0
 
 
-def activation_bytes(*, policy: str, dtype_bytes: int, num_layers: int, tokens: int, width: int, q: float,
-                     kv: float, mlp: float, n_mlp_in: int, scores: float) -> tuple[float, float]:
+def activation_bytes(*, policy: str, attention: str, dtype_bytes: int, num_layers: int, tokens: int, width: int,
+                     q: float, kv: float, mlp: float, n_mlp_in: int, scores: float) -> tuple[float, float]:
     """Rough (device, host) bytes of one layer stack's saved activations for one (micro)batch on one device.
 
-    layers x tokens x (the policy's per-layer elements) x dtype bytes, plus, with remat, one layer's
-    full working set while it is recomputed. A rough guide, not XLA's buffer assignment.
+    layers x tokens x (the policy's per-layer bytes), plus, with remat, one layer's working set
+    while it is recomputed. `attention`: 'xla', 'explicit' or 'cudnn' (score_bytes); `scores`:
+    attention-score entries per token (heads per device x attended length). A rough guide, not
+    XLA's buffer assignment.
     """
-    device, host = _layer_elements(policy, width=width, q=q, kv=kv, mlp=mlp, n_mlp_in=n_mlp_in, scores=scores)
-    recompute = 0.0 if policy == "none" else _layer_elements("none", width=width, q=q, kv=kv, mlp=mlp,
-                                                               n_mlp_in=n_mlp_in, scores=scores)[0]
-    return ((num_layers * device + recompute) * tokens * dtype_bytes, num_layers * host * tokens * dtype_bytes)
+    kept, kept_by_dots, working = score_bytes(attention, dtype_bytes=dtype_bytes)
+    layer = dict(width=width, q=q, kv=kv, mlp=mlp, n_mlp_in=n_mlp_in)
+    device, host = _layer_elements(policy, **layer)
+    device = device * dtype_bytes + {"none": kept, "save_dots": kept_by_dots}.get(policy, 0) * scores
+    recompute = 0.0 if policy == "none" else _layer_elements("none", **layer)[0] * dtype_bytes + working * scores
+    return ((num_layers * device + recompute) * tokens, num_layers * host * tokens * dtype_bytes)
 
 
 def logits_bytes(*, tokens: int, vocab_size: int, vocab_shards: int) -> float:

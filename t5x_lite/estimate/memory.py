@@ -21,7 +21,7 @@ from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate.layout import logical_shards, rules_for_mesh_shape
 from t5x_lite.estimate.run_from_gin import RunSettings
-from t5x_lite.models import stack
+from t5x_lite.models import layers, stack
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import optim
 from t5x_lite.training import trainer as trainer_lib
@@ -108,23 +108,22 @@ def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str,
     return unscanned, stacks
 
 
-def uses_fused_attention(model: Any, *, platform: str) -> bool:
-    """Whether the model's attention runs as cuDNN's fused (flash) kernel on `platform`, which keeps
-    no [length x length] scores; mirrors layers.attention_implementation ('auto': GPU, 16-bit, head_dim
-    a multiple of 8 up to 128). The T5 model always uses XLA's attention."""
-    choice = getattr(model, "attention_implementation", "xla")
-    if choice != "auto":
-        return choice == "cudnn"
-    return (platform == "gpu" and model.dtype in ("bfloat16", "float16") and model.head_dim % 8 == 0
-            and model.head_dim <= 128)
+def attention_kind(model: Any, *, platform: str) -> str:
+    """The attention implementation the model runs on `platform` ('xla', 'explicit' or 'cudnn'),
+    resolved as the model resolves it (layers.attention_implementation; T5's is never fused)."""
+    return layers.attention_implementation(getattr(model, "attention_implementation", "auto"), model.dtype,
+                                           model.head_dim, allow_fused=model.family != "encoder_decoder",
+                                           platform=platform)
+
+
+ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit attention (float32 probabilities kept)",
+                    "xla": "XLA attention (scores kept)"}
 
 
 def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *,
-                         fused_attention: bool = False) -> dict[str, Any]:
-    """Rough activation and logits bytes per device for the model, batch, mesh and remat policy.
-
-    With `fused_attention` no attention scores are kept (a flash kernel recomputes them).
-    """
+                         attention: str) -> dict[str, Any]:
+    """Rough activation and logits bytes per device for the model, batch, mesh and remat policy,
+    `attention` being the implementation the model runs (attention_kind)."""
     model, data = settings.model, settings.train_data
     rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
     batch_shards, _, heads_shards, _ = logical_shards(("batch", "length", "heads", "kv"), rules, mesh_shape)
@@ -132,9 +131,9 @@ def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *
     vocab_shards = logical_shards(("batch", "length", "vocab"), rules, mesh_shape)[2]
     rows = data.batch_size // batch_shards // settings.microbatches
     common = dict(policy=model.remat_policy, dtype_bytes=jnp.dtype(model.dtype).itemsize, width=model.emb_dim,
-                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations))
+                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations), attention=attention)
     q = model.num_heads * model.head_dim / heads_shards
-    heads = 0 if fused_attention else model.num_heads / heads_shards  # rows of scores kept per token
+    heads = model.num_heads / heads_shards  # rows of attention scores per token
     length = data.sequence_length
     if model.family == "encoder_decoder":
         inputs = data.inputs_length or length
@@ -150,7 +149,7 @@ def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *
                                         scores=heads * length, **common)
     logits = estimate_math.logits_bytes(tokens=rows * length, vocab_size=model.vocab_size, vocab_shards=vocab_shards)
     return {"rows_per_device": rows, "remat_policy": model.remat_policy, "dtype": model.dtype,
-            "attention": "cuDNN flash attention" if fused_attention else "XLA attention (scores kept)",
+            "attention": ATTENTION_LABELS[attention],
             "activations": device, "activations_host": host, "logits": logits}
 
 
@@ -159,8 +158,7 @@ def memory_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *, pla
     state = state_bytes_per_device(settings, mesh_shape)
     gradients = state["params"] * (1 if settings.microbatches == 1 else 2)  # + the accumulator
     train_state = state["params"] + state["optimizer_state"] + state["step"]
-    fused = uses_fused_attention(settings.model, platform=platform)
-    acts = activations_estimate(settings, mesh_shape, fused_attention=fused)
+    acts = activations_estimate(settings, mesh_shape, attention=attention_kind(settings.model, platform=platform))
     return {"method": "arithmetic", **state, "gradients": gradients, "train_state": train_state,
             "state_total": train_state + gradients, **acts,
             "total": train_state + gradients + state["gathered"] + acts["activations"] + acts["logits"]}

@@ -289,19 +289,22 @@ class Dense(nn.Module):
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "explicit")
 
 
-def attention_implementation(choice: str, dtype: DType, head_dim: int, *, allow_fused: bool = True) -> str:
+def attention_implementation(choice: str, dtype: DType, head_dim: int, *, allow_fused: bool = True,
+                             platform: str | None = None) -> str:
     """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute, 'explicit'
     (explicit_attention.py: the XLA math with a written-out backward pass) on CPU, else XLA.
 
     `jax.nn.dot_product_attention` itself defaults to XLA everywhere, so the choice is made here.
     cuDNN's kernel needs a 16-bit dtype and a head_dim that is a multiple of 8, at most 128;
     `allow_fused=False` rules it out (T5: its relative position bias needs a bias gradient).
+    `platform` ('cpu', 'gpu', 'tpu'; default: JAX's backend) lets the memory estimate plan for another.
     """
     if choice != "auto":
         return choice
-    if jax.default_backend() == "cpu":
+    platform = platform or jax.default_backend()
+    if platform == "cpu":
         return "explicit"
-    fused_ok = (allow_fused and jax.default_backend() == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
+    fused_ok = (allow_fused and platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
                 and head_dim % 8 == 0 and head_dim <= 128)
     return "cudnn" if fused_ok else "xla"
 

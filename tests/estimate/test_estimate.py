@@ -3,6 +3,7 @@ arithmetic state bytes against the compiled train step, the time formula, the CL
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -113,14 +114,44 @@ def test_pure_arithmetic():
     assert estimate_math.gathered_bytes(unscanned=[], layer_stacks=[]) == 0
 
 
-def test_remat_policies_order_the_activation_estimate():
+@pytest.mark.parametrize("attention", ["xla", "explicit", "cudnn"])
+def test_remat_policies_order_the_activation_estimate(attention):
     sizes = dict(dtype_bytes=2, num_layers=24, tokens=8192, width=2048, q=2048, kv=4096, mlp=5632, n_mlp_in=2,
-                 scores=16 * 2048)
+                 scores=16 * 2048, attention=attention)
     device = {p: estimate_math.activation_bytes(policy=p, **sizes)[0] for p in
               ("none", "save_dots", "minimal", "save_qkv_proj", "full", "minimal_offloaded")}
     assert device["full"] < device["save_qkv_proj"] < device["minimal"] < device["save_dots"] < device["none"]
     assert device["minimal_offloaded"] == device["full"]
     assert estimate_math.activation_bytes(policy="minimal_offloaded", **sizes)[1] > 0
+
+
+def test_attention_implementations_keep_different_scores():
+    """Without remat XLA's autodiff keeps four score arrays in the compute dtype, the explicit
+    implementation one float32 array, cuDNN's flash kernel none; the rest of the layer is the same."""
+    sizes = dict(policy="none", num_layers=4, tokens=1024, width=512, q=512, kv=1024, mlp=1408, n_mlp_in=2)
+    scores = 8 * 1024  # 8 heads x 1024 attended positions per token
+    for dtype_bytes in (2, 4):
+        kept = {a: estimate_math.activation_bytes(attention=a, dtype_bytes=dtype_bytes, scores=scores, **sizes)[0]
+                for a in ("xla", "explicit", "cudnn")}
+        assert kept["xla"] - kept["cudnn"] == 4 * 4 * 1024 * scores * dtype_bytes
+        assert kept["explicit"] - kept["cudnn"] == 4 * 1024 * scores * 4
+
+
+@pytest.mark.parametrize("model_file,platform,dtype,want", [
+    ("models/decoder_tiny.gin", "cpu", "float32", "explicit"),
+    ("models/decoder_tiny.gin", "gpu", "bfloat16", "cudnn"),
+    ("models/decoder_tiny.gin", "gpu", "float32", "xla"),
+    ("models/decoder_tiny.gin", "tpu", "bfloat16", "xla"),
+    ("models/t5_tiny.gin", "cpu", "bfloat16", "explicit"),
+    ("models/t5_tiny.gin", "gpu", "bfloat16", "xla"),
+])
+def test_the_estimate_plans_the_attention_the_model_runs_on_the_platform(model_file, platform, dtype, want):
+    settings = run_from_gin.run_settings(config_resolve.load_run(
+        gin_files=[model_file, "runs/pretrain.gin"],
+        gin_bindings=["TRAIN_STEPS=10", "MIXTURE_OR_TASK_NAME=None", "INPUTS_LENGTH=64"],
+        entry="train", check_macros=False))
+    model = dataclasses.replace(settings.model, dtype=dtype)
+    assert estimate_memory.attention_kind(model, platform=platform) == want
 
 
 def test_train_time_formula_by_hand():

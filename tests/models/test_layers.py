@@ -332,6 +332,12 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu():
         assert layers.attention_implementation("auto", dtype, 64) == "explicit"
     assert layers.attention_implementation("xla", jnp.bfloat16, 64) == "xla"
     assert layers.attention_implementation("cudnn", jnp.float32, 64) == "cudnn"
+    # Planned for another platform (the memory estimate): GPUs fuse 16-bit attention with a head_dim cuDNN takes.
+    assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="gpu") == "cudnn"
+    assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="gpu", allow_fused=False) == "xla"
+    assert layers.attention_implementation("auto", jnp.float32, 64, platform="gpu") == "xla"
+    assert layers.attention_implementation("auto", jnp.bfloat16, 256, platform="gpu") == "xla"
+    assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="tpu") == "xla"
 
 
 @pytest.mark.parametrize("kv_heads,with_bias,is_causal", [(4, False, True), (2, True, True), (4, True, False)])
