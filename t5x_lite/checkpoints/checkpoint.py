@@ -347,8 +347,10 @@ class Checkpointer:
         """Restores the newest checkpoint that restores; damaged newer ones are moved aside.
 
         `check(metadata)` raises CheckpointMismatchError for a checkpoint of another model (that
-        is not damage: it stops the run). Returns None when there is no checkpoint, and raises
-        NoUsableCheckpointError (moving nothing) when there are some but none restores.
+        is not damage: it stops the run). Returns None when there is no checkpoint, or when every
+        one is incomplete (a run killed before its first save finished: those are moved aside, as
+        nothing finished was ever saved), and raises NoUsableCheckpointError (moving nothing) when
+        there are some but none restores.
         """
         damaged: list[tuple[int, str, str]] = []  # (step, state, why)
         for step in reversed(self.all_steps()):
@@ -373,6 +375,12 @@ class Checkpointer:
                 warn(f"WARNING: the checkpoint at step {bad} is {bad_state} ({reason}); moved it to {where} "
                      f"and restored step {step} instead.")
             return step, state, iterator_state, metadata
+        if damaged and all(state == manifest.INCOMPLETE for _, state, _ in damaged):
+            for bad, _, reason in damaged:
+                where = self.move_aside(bad)
+                warn(f"WARNING: the checkpoint at step {bad} is incomplete ({reason}); moved it to {where}. "
+                     "No save of this run had finished: starting from step 0.")
+            return None
         if damaged:
             raise NoUsableCheckpointError(
                 f"None of the checkpoints in {checkpoints_dir(self.model_dir)} can be restored:\n  "

@@ -184,6 +184,36 @@ def test_the_trainer_moves_a_bit_flipped_latest_step_aside_and_restores_the_one_
     assert sorted(os.listdir(tmp_path / "checkpoints_damaged"))[0].startswith("3-")
 
 
+def test_a_run_killed_before_its_first_save_finished_starts_afresh(tmp_path):
+    """Every step incomplete (committed by Orbax, no manifest: the run died before the save
+    finished): nothing finished was ever saved, so the trainer moves them aside and starts from
+    step 0. One damaged step among them still stops the run, moving nothing."""
+    run, mixed = tmp_path / "run", tmp_path / "mixed"
+    _save_steps(run, steps=(1, 2))
+    for step in (1, 2):
+        (run / "checkpoints" / str(step) / manifest.MANIFEST).unlink()
+    abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _state(0))
+    shutil.copytree(run, mixed)
+    _flip_bytes(_biggest_file(mixed / "checkpoints" / "1"))
+    (mixed / "checkpoints" / "1" / manifest.MANIFEST).write_text("{}")  # present but unreadable: damaged
+
+    warnings = []
+    checkpointer = checkpoint_lib.Checkpointer(run)
+    assert checkpointer.restore_latest_good(abstract_state=abstract, check=lambda m: None,
+                                            warn=warnings.append) is None
+    assert checkpointer.all_steps() == []
+    checkpointer.close()
+    assert len(warnings) == 2 and all("incomplete" in w and "starting from step 0" in w for w in warnings)
+    assert sorted(n.split("-")[0] for n in os.listdir(run / "checkpoints_damaged")) == ["1", "2"]
+
+    before = tree_digest(mixed)
+    checkpointer = checkpoint_lib.Checkpointer(mixed)
+    with pytest.raises(checkpoint_lib.NoUsableCheckpointError, match="step 1: damaged"):
+        checkpointer.restore_latest_good(abstract_state=abstract, check=lambda m: None, warn=warnings.append)
+    checkpointer.close()
+    assert tree_digest(mixed) == before
+
+
 # -- readers never write -----------------------------------------------------------------------------
 
 
