@@ -370,16 +370,10 @@ class Checkpointer:
             except Exception as e:  # noqa: BLE001
                 damaged.append((step, manifest.DAMAGED, _one_line(e)))
                 continue
-            for bad, bad_state, reason in damaged:
-                where = self.move_aside(bad)
-                warn(f"WARNING: the checkpoint at step {bad} is {bad_state} ({reason}); moved it to {where} "
-                     f"and restored step {step} instead.")
+            self._move_all_aside(damaged, warn=warn, then=f" and restored step {step} instead.")
             return step, state, iterator_state, metadata
         if damaged and all(state == manifest.INCOMPLETE for _, state, _ in damaged):
-            for bad, _, reason in damaged:
-                where = self.move_aside(bad)
-                warn(f"WARNING: the checkpoint at step {bad} is incomplete ({reason}); moved it to {where}. "
-                     "No save of this run had finished: starting from step 0.")
+            self._move_all_aside(damaged, warn=warn, then=". No save of this run had finished: starting from step 0.")
             return None
         if damaged:
             raise NoUsableCheckpointError(
@@ -388,6 +382,13 @@ class Checkpointer:
                 + "\nNothing was changed. Move the directory away to start afresh, or copy a good "
                 "checkpoint back into it.")
         return None
+
+    def _move_all_aside(self, damaged: list[tuple[int, str, str]], *, warn: Callable[[str], None],
+                        then: str) -> None:
+        """Moves each (step, state, why) aside with one warning, which ends with `then`."""
+        for bad, bad_state, reason in damaged:
+            where = self.move_aside(bad)
+            warn(f"WARNING: the checkpoint at step {bad} is {bad_state} ({reason}); moved it to {where}{then}")
 
     def move_aside(self, step: int) -> str:
         """Moves a damaged step to MODEL_DIR/checkpoints_damaged/<step>-<time>; returns where."""
