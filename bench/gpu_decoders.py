@@ -109,7 +109,7 @@ def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
     kernel = "cuDNN fused" if CUDNN_FMHA in step.lowered.as_text() else "XLA (unfused)"
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     batch = common.global_batch(trainer, batch)
-    rng = jax.device_put(jax.random.PRNGKey(1), trainer._replicated)  # noqa: SLF001
+    rng = trainer.replicated(jax.random.PRNGKey(1))
     state, metrics, _, seconds = common.timed_steps(step.compiled, state, batch, rng, warmup=s["warmup_steps"],
                                                     windows=s["windows"], steps=s["steps"])
     return {"cfg": cfg, "compile_s": step.lower_seconds + step.compile_seconds, "step_s": statistics.median(seconds),

@@ -155,7 +155,7 @@ def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float]:
     trainer = common.make_trainer(cfg)
     step = common.compile_train_step(trainer, batch).compiled
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
-    args = (common.global_batch(trainer, batch), jax.device_put(jax.random.PRNGKey(1), trainer._replicated))  # noqa: SLF001
+    args = (common.global_batch(trainer, batch), trainer.replicated(jax.random.PRNGKey(1)))
     state, *_ = common.timed_steps(step, state, *args, warmup=s["warmup_steps"], windows=0, steps=0)
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         _, _, _, (wall,) = common.timed_steps(step, state, *args, warmup=0, windows=1, steps=s["steps"])

@@ -1,5 +1,6 @@
 """bench/matmul_shapes.py: the train step's dense matmuls in JAX and PyTorch, at --quick sizes (PyTorch optional)."""
 
+import functools
 import time
 
 import jax
@@ -54,6 +55,7 @@ def test_quick_run_times_both_frameworks(capsys):
     out = capsys.readouterr().out
     assert result["jax_ms"] > 0 and result["torch_ms"] > 0
     assert "mlp down kernel grad" in out and "qkv forward" in out and "q forward" in out
+    assert "| timed as |" in out
 
 
 def test_best_seconds_is_per_call_over_windows_of_at_least_the_minimum():
@@ -69,3 +71,24 @@ def test_best_seconds_is_per_call_over_windows_of_at_least_the_minimum():
     assert 0.002 <= seconds < 0.004
     assert calls_seen[:2] == [1, 1] and len(calls_seen) == 5
     assert all(calls > 4 for calls in calls_seen[2:]), calls_seen
+
+
+def test_a_transposed_jax_problem_counts_the_faster_of_its_layout_and_nn(monkeypatch):
+    """XLA:CPU may copy a transposed operand into place inside the step and run the 'nn' kernel, so
+    a JAX problem counts the faster of the two; an 'nn' problem is timed once."""
+    timed = []
+    seconds = {"tn": 2.0, "nt": 0.5, "nn": 1.0}
+
+    def fake_jax_seconds(p, **_):
+        timed.append(p.layout)
+        return seconds[p.layout]
+
+    monkeypatch.setattr(matmul_shapes, "jax_seconds", fake_jax_seconds)
+    best = functools.partial(matmul_shapes.jax_best_seconds, repeats=1, min_window_s=0.0)
+    assert best(matmul_shapes.Problem("kernel grad", "tn", 4, 3, 2, 1)) == (1.0, "nn")
+    assert best(matmul_shapes.Problem("input grad", "nt", 4, 3, 2, 1)) == (0.5, "nt")
+    timed.clear()
+    assert best(matmul_shapes.Problem("forward", "nn", 4, 3, 2, 1)) == (1.0, "nn")
+    assert timed == ["nn"]
+    nn = matmul_shapes.as_nn(matmul_shapes.Problem("kernel grad", "tn", 4, 3, 2, 7))
+    assert (nn.layout, nn.m, nn.k, nn.n, nn.count) == ("nn", 4, 3, 2, 7)
