@@ -15,9 +15,9 @@ cores). Inside the compiled step XLA:CPU may instead copy a transposed operand i
 (fused into the op that produces it) and run the 'nn' kernel: it does so for every kernel
 gradient of this model. So a JAX problem in 'nt' or 'tn' is also timed with its transposed
 operand stored transposed ('nn'), and the faster of the two counts (the copy is left to the
-rest of the step). A problem's time times its count per step, summed, is what the framework's
-matmul kernels alone need for one step. Next to the step times of `loop_overhead` and `torch_reference`
-in the same sitting, that splits the gap between the two steps into the kernels' share and the
+rest of the step); each distinct kernel (layout and sizes) is timed once. A problem's time
+times its count per step, summed, is what the framework's matmul kernels alone need for one
+step. Next to the step times of `loop_overhead` and `torch_reference` in the same sitting, that splits the gap between the two steps into the kernels' share and the
 rest. Attention's score products are left out: PyTorch runs them inside its fused
 scaled_dot_product_attention kernel, t5x_lite as batched matmuls (`models/explicit_attention.py`);
 the table's last line says what share of the step's FLOPs the dense matmuls are. Needs PyTorch
@@ -26,7 +26,7 @@ the table's last line says what share of the step's FLOPs the dense matmuls are.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -102,20 +102,7 @@ def jax_seconds(p: Problem, *, repeats: int, min_window_s: float) -> float:
                         repeats=repeats, min_window_s=min_window_s)
 
 
-def as_nn(p: Problem) -> Problem:
-    """The same product with its transposed operand stored transposed."""
-    return p._replace(layout="nn")
-
-
-def jax_best_seconds(p: Problem, *, repeats: int, min_window_s: float) -> tuple[float, str]:
-    """Seconds per call and the layout that gave them: the faster of `p`'s own layout and 'nn'."""
-    timings = [(jax_seconds(q, repeats=repeats, min_window_s=min_window_s), q.layout)
-               for q in dict.fromkeys([p, as_nn(p)])]
-    return min(timings)
-
-
-def torch_seconds(p: Problem, *, repeats: int, min_window_s: float) -> tuple[float, str]:
-    """Seconds per call in `p`'s own layout, as autograd calls it (and that layout)."""
+def torch_seconds(p: Problem, *, repeats: int, min_window_s: float) -> float:
     torch = torch_reference.import_torch()
     a_shape, b_shape = operand_shapes(p)
     generator = torch.Generator().manual_seed(0)
@@ -127,26 +114,39 @@ def torch_seconds(p: Problem, *, repeats: int, min_window_s: float) -> tuple[flo
         for _ in range(calls):
             matmul()
 
-    return common.best_seconds(run_calls, repeats=repeats, min_window_s=min_window_s), p.layout
+    return common.best_seconds(run_calls, repeats=repeats, min_window_s=min_window_s)
+
+
+def time_problems(problems: list[Problem], timer: Callable[..., float], *, also_nn: bool, repeats: int,
+                  min_window_s: float) -> list[tuple[Problem, float, str]]:
+    """(problem, seconds per call, the layout that gave them) for each problem: its own layout or,
+    with `also_nn`, the faster of that and 'nn'. Each distinct kernel (layout, m, k, n) is timed once."""
+    seconds = {}
+
+    def timed(p: Problem, layout: str) -> tuple[float, str]:
+        key = (layout, p.m, p.k, p.n)
+        if key not in seconds:
+            common.progress(f"{layout} {p.m}x{p.k}x{p.n}")
+            seconds[key] = timer(p._replace(layout=layout), repeats=repeats, min_window_s=min_window_s)
+        return seconds[key], layout
+
+    extra = ("nn",) if also_nn else ()
+    return [(p, *min(timed(p, layout) for layout in dict.fromkeys((p.layout, *extra)))) for p in problems]
 
 
 def measure(s: dict) -> dict:
     """Per framework: rows (problem, seconds per call, the layout timed) and the step's total matmul seconds."""
     torch = torch_reference.import_torch()
     torch.set_num_threads(s["threads"])
-    timers = {"jax": jax_best_seconds, "torch": torch_seconds}
+    timers = {"jax": jax_seconds, "torch": torch_seconds}
     results = {}
     for framework, timer in timers.items():
-        timed, rows = {}, []
         problems = step_problems(s, framework)
         # A process's first timing runs slower (a quarter slower in one check): one untimed round first.
         timer(problems[0], repeats=1, min_window_s=s["min_window_s"])
-        for p in problems:
-            key = (p.layout, p.m, p.k, p.n)
-            if key not in timed:
-                common.progress(f"{framework} {p.layout} {p.m}x{p.k}x{p.n}")
-                timed[key] = timer(p, repeats=s["repeats"], min_window_s=s["min_window_s"])
-            rows.append((p, *timed[key]))
+        common.progress(framework)
+        rows = time_problems(problems, timer, also_nn=framework == "jax", repeats=s["repeats"],
+                             min_window_s=s["min_window_s"])
         results[framework] = {"rows": rows, "total_s": sum(p.count * t for p, t, _ in rows),
                               "flops": sum(p.count * p.flops for p, _, _ in rows)}
     return results

@@ -73,22 +73,24 @@ def test_best_seconds_is_per_call_over_windows_of_at_least_the_minimum():
     assert all(calls > 4 for calls in calls_seen[2:]), calls_seen
 
 
-def test_a_transposed_jax_problem_counts_the_faster_of_its_layout_and_nn(monkeypatch):
+def test_a_transposed_jax_problem_counts_the_faster_of_its_layout_and_nn():
     """XLA:CPU may copy a transposed operand into place inside the step and run the 'nn' kernel, so
-    a JAX problem counts the faster of the two; an 'nn' problem is timed once."""
+    a JAX problem counts the faster of the two; each distinct kernel is timed once (an 'nn'
+    problem, and an 'nn' shape two problems share); PyTorch's count in their own layout."""
     timed = []
     seconds = {"tn": 2.0, "nt": 0.5, "nn": 1.0}
 
-    def fake_jax_seconds(p, **_):
-        timed.append(p.layout)
+    def fake_seconds(p, **_):
+        timed.append((p.layout, p.m, p.k, p.n))
         return seconds[p.layout]
 
-    monkeypatch.setattr(matmul_shapes, "jax_seconds", fake_jax_seconds)
-    best = functools.partial(matmul_shapes.jax_best_seconds, repeats=1, min_window_s=0.0)
-    assert best(matmul_shapes.Problem("kernel grad", "tn", 4, 3, 2, 1)) == (1.0, "nn")
-    assert best(matmul_shapes.Problem("input grad", "nt", 4, 3, 2, 1)) == (0.5, "nt")
+    problems = [matmul_shapes.Problem("kernel grad", "tn", 4, 3, 2, 1),
+                matmul_shapes.Problem("input grad", "nt", 4, 3, 2, 1),
+                matmul_shapes.Problem("forward", "nn", 4, 3, 2, 7)]
+    time_them = functools.partial(matmul_shapes.time_problems, problems, fake_seconds, repeats=1, min_window_s=0.0)
+    assert [(t, layout) for _, t, layout in time_them(also_nn=True)] == [(1.0, "nn"), (0.5, "nt"), (1.0, "nn")]
+    assert sorted(timed) == [("nn", 4, 3, 2), ("nt", 4, 3, 2), ("tn", 4, 3, 2)]
+    assert [p.count for p, _, _ in time_them(also_nn=True)] == [1, 1, 7]
     timed.clear()
-    assert best(matmul_shapes.Problem("forward", "nn", 4, 3, 2, 1)) == (1.0, "nn")
-    assert timed == ["nn"]
-    nn = matmul_shapes.as_nn(matmul_shapes.Problem("kernel grad", "tn", 4, 3, 2, 7))
-    assert (nn.layout, nn.m, nn.k, nn.n, nn.count) == ("nn", 4, 3, 2, 7)
+    assert [(t, layout) for _, t, layout in time_them(also_nn=False)] == [(2.0, "tn"), (0.5, "nt"), (1.0, "nn")]
+    assert len(timed) == 3
