@@ -3,9 +3,14 @@
 Traces --steps calls of the jitted Trainer train step (after --warmup_steps) and sums the
 time of each op the compiled step ran, by kind (matmuls, cuDNN attention, the scan's stack
 writes and reads, fills, copies, reductions, ...; `KINDS`). On a GPU (or TPU) that is the
-kernels on the device's streams; on CPU, the ops on XLA:CPU's threads, each op's own time
-(`while` and `conditional` without the ops they contain), summed over the threads, so the
-total can exceed the step's wall time.
+kernels on the device's streams; on CPU, the ops on XLA:CPU's threads. Each op counts its own
+time (`while` and `conditional` without the ops they contain) summed over threads, so the total
+can exceed the step's wall time, and its wall time: each instant split evenly among the ops
+running then, so the wall times add up to the time some op ran.
+
+The matmul table takes each op's FLOPs from the compiled step's HLO (`hlo_dots`) and gives its
+GFLOP/s while it ran, which says which matmuls run below the kernel's speed alone
+(`matmul_shapes`, `matmul_peak`) and how much of the step the other ops take.
 
 The model is `throughput`'s (--family, --dtype and its sizes: d=512, 4 layers, seq 256, batch 8,
 packed rows) or, with --model=NAME, gin/models/NAME.gin in bfloat16 as `gpu_decoders` trains it
@@ -21,12 +26,12 @@ import gzip
 import json
 import re
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 
-from bench import common, gpu_decoders, throughput
+from bench import common, gpu_decoders, hlo_dots, throughput
 
 DEFAULTS = {"model": None, "family": "llama", "dtype": None, "seq_len": None, "batch_size": 8, "scan_layers": None,
             "scan_unroll": None, "remat": None, "packed_segments": 4, "warmup_steps": 2, "steps": 3, "top": 20,
@@ -62,31 +67,41 @@ def op_family(name: str) -> str:
     return re.sub(r"[._]\d+$", "", name)
 
 
-def _self_times(events: list[dict]) -> Iterable[tuple[str, float]]:
-    """(name, own duration) of events on one thread: an event's duration less that of the events
-    nested in it (a `while` contains its body's ops)."""
-    open_events: list[list] = []  # [end, name, duration, time spent in children]
-    finished = []
+def _own_segments(events: list[dict], is_runtime: Callable[[str], bool]) -> list[tuple[float, float, dict]]:
+    """(start, end, op event) pieces of each op's own time on one thread: its span less the events
+    nested in it (a `while` contains its body's ops). A runtime event's own time counts for the
+    op it is nested in (a YNNPACK matmul waiting for its workers), or for nothing outside ops."""
+    segments = []
+    open_events: list[list] = []  # [end, event, owner (op event or None), time own up to]
 
-    def close(entry):
-        finished.append((entry[1], entry[2] - entry[3]))
+    def emit(entry, until):
+        if entry[2] is not None and until > entry[3]:
+            segments.append((entry[3], until, entry[2]))
+
+    def close():
+        done = open_events.pop()
+        emit(done, done[0])
+        if open_events:
+            open_events[-1][3] = max(open_events[-1][3], min(done[0], open_events[-1][0]))
 
     for e in sorted(events, key=lambda e: (e["ts"], -e.get("dur", 0))):
-        start, dur = e["ts"], e.get("dur", 0)
+        start, end = e["ts"], e["ts"] + e.get("dur", 0)
         while open_events and open_events[-1][0] <= start:
-            close(open_events.pop())
+            close()
+        owner = open_events[-1][2] if open_events else None
         if open_events:
-            parent = open_events[-1]
-            parent[3] += min(start + dur, parent[0]) - start
-        open_events.append([start + dur, e["name"], dur, 0.0])
+            emit(open_events[-1], start)
+            open_events[-1][3] = start
+        open_events.append([end, e, owner if is_runtime(e["name"]) else e, start])
     while open_events:
-        close(open_events.pop())
-    return finished
+        close()
+    return segments
 
 
-def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
-    """Microseconds of own time per op name in a Chrome-format trace (`*.trace.json.gz`): the
-    device streams' kernels when the trace has a device, else XLA:CPU's ops."""
+def device_segments(trace: Mapping[str, Any]) -> list[tuple[float, float, dict]]:
+    """Own-time pieces (start and end in microseconds, the op's event) of every op in a
+    Chrome-format trace (`*.trace.json.gz`): the device streams' kernels when the trace has a
+    device, else XLA:CPU's ops."""
     events = trace["traceEvents"]
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
@@ -99,16 +114,42 @@ def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
             return e["pid"] in devices and (thread.startswith("Stream") or thread == "XLA Ops")
         return thread.startswith(_CPU_THREADS)
 
+    is_runtime = (lambda name: False) if devices else (lambda name: bool(_CPU_RUNTIME.match(name)))  # noqa: E731
     by_thread = collections.defaultdict(list)
     for e in events:
         if e.get("ph") == "X" and wanted(e):
             by_thread[(e["pid"], e["tid"])].append(e)
+    return [piece for thread_events in by_thread.values() for piece in _own_segments(thread_events, is_runtime)]
+
+
+def op_name(event: dict) -> str:
+    return event["name"].removeprefix("end: ")
+
+
+def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
+    """Microseconds of own time per op name (`device_segments`), summed over threads and streams."""
     totals = collections.Counter()
-    for thread_events in by_thread.values():
-        for name, own in _self_times(thread_events):
-            if not devices and _CPU_RUNTIME.match(name):
-                continue
-            totals[name.removeprefix("end: ")] += own
+    for start, end, event in device_segments(trace):
+        totals[op_name(event)] += end - start
+    return totals
+
+
+def wall_times(segments: Iterable[tuple[float, float, dict]], key: Callable[[dict], str] = op_name) -> collections.Counter:
+    """Microseconds of wall time per op: each instant split evenly among the ops running then, so
+    ops that run side by side on XLA:CPU's threads share it and the times add up to the time
+    during which any op ran."""
+    changes = sorted((time, delta, key(event)) for start, end, event in segments
+                     for time, delta in ((start, 1), (end, -1)))
+    running, totals, previous = collections.Counter(), collections.Counter(), None
+    for time, delta, name in changes:
+        count = sum(running.values())
+        if previous is not None and count and time > previous:
+            for running_name, n in running.items():
+                totals[running_name] += (time - previous) * n / count
+        running[name] += delta
+        if not running[name]:
+            del running[name]
+        previous = time
     return totals
 
 
@@ -120,18 +161,55 @@ def kind_times(op_times: Mapping[str, float]) -> collections.Counter:
     return kinds
 
 
-def summarize(op_times: Mapping[str, float], *, steps: int, top: int) -> tuple[list[list], list[list], float]:
-    """Rows by kind and rows of the `top` op families, in ms per step; and the total ms per step."""
+def summarize(op_times: Mapping[str, float], wall: Mapping[str, float], *, steps: int,
+              top: int) -> tuple[list[list], list[list], float]:
+    """Rows by kind and rows of the `top` op families, in ms per step of op time (its share) and
+    of wall time (`wall_times`); and the total op ms per step."""
     total = sum(op_times.values())
     kinds, families, calls = kind_times(op_times), collections.Counter(), collections.Counter()
+    kinds_wall, families_wall = kind_times(wall), collections.Counter()
     for name, us in op_times.items():
         families[op_family(name)] += us
+        families_wall[op_family(name)] += wall.get(name, 0.0)
         calls[op_family(name)] += 1
     share = lambda us: f"{100 * us / total:.1f}%" if total else "-"  # noqa: E731
-    kind_rows = [[kind, f"{us / steps / 1e3:,.2f}", share(us)] for kind, us in kinds.most_common()]
-    family_rows = [[family, op_kind(family), calls[family], f"{us / steps / 1e3:,.2f}", share(us)]
+    ms = lambda us: f"{us / steps / 1e3:,.2f}"  # noqa: E731
+    kind_rows = [[kind, ms(us), share(us), ms(kinds_wall[kind])] for kind, us in kinds.most_common()]
+    family_rows = [[family, op_kind(family), calls[family], ms(us), share(us), ms(families_wall[family])]
                    for family, us in families.most_common(top)]
     return kind_rows, family_rows, total / steps / 1e3
+
+
+def hlo_op(event: dict) -> str:
+    """The compiled module's instruction an event ran (XLA's traces name it in `hlo_op`)."""
+    return event.get("args", {}).get("hlo_op") or op_name(event)
+
+
+def matmul_rows(segments: list[tuple[float, float, dict]], dots: Mapping[str, list[hlo_dots.Dot]], *, steps: int,
+                top: int) -> tuple[list[list], dict[str, float]]:
+    """The `top` ops that run matmuls, by wall time: their products, calls per step, ms per call,
+    GFLOP/s while each ran, wall ms per step; and the totals of all of them per step (GFLOP,
+    wall ms, GFLOP/s in wall time)."""
+    own, calls = collections.Counter(), collections.defaultdict(set)
+    for start, end, event in segments:
+        if (name := hlo_op(event)) in dots:
+            own[name] += end - start
+            if not event["name"].startswith("end: "):  # XLA:CPU's completion of an op is an event of its own
+                calls[name].add(id(event))
+    all_wall = wall_times(segments, hlo_op)
+    rows, total_flops = [], 0.0
+    for name, _ in sorted(all_wall.items(), key=lambda item: -item[1]):
+        if name not in own:
+            continue
+        flops = sum(dot.flops for dot in dots[name]) * len(calls[name])
+        total_flops += flops
+        rows.append([name, " + ".join(dot.describe() for dot in dots[name]), f"{len(calls[name]) / steps:g}",
+                     f"{own[name] / len(calls[name]) / 1e3:,.2f}", f"{flops / own[name] / 1e3:,.1f}",
+                     f"{all_wall[name] / steps / 1e3:,.2f}"])
+    matmul_wall = sum(all_wall[name] for name in own)
+    totals = {"gflop": total_flops / steps / 1e9, "wall_ms": matmul_wall / steps / 1e3,
+              "gflops": total_flops / matmul_wall / 1e3 if matmul_wall else 0.0}
+    return rows[:top], totals
 
 
 def model_config(s: dict) -> Any:
@@ -148,18 +226,20 @@ def model_config(s: dict) -> Any:
     return dataclasses.replace(cfg, remat_policy=s["remat"]) if s["remat"] else cfg
 
 
-def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float]:
-    """Compiles and warms up the step, then traces `steps` of them; the config and wall s per step."""
+def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float, str]:
+    """Compiles and warms up the step, then traces `steps` of them; the config, wall s per step and
+    the compiled module's text."""
     cfg = model_config(s)
     batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], packed_segments=s["packed_segments"])
     trainer = common.make_trainer(cfg)
     step = common.compile_train_step(trainer, batch).compiled
+    hlo_text = step.as_text()
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     args = (common.global_batch(trainer, batch), trainer.replicated(jax.random.PRNGKey(1)))
     state, *_ = common.timed_steps(step, state, *args, warmup=s["warmup_steps"], windows=0, steps=0)
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
         _, _, _, (wall,) = common.timed_steps(step, state, *args, warmup=0, windows=1, steps=s["steps"])
-    return cfg, wall
+    return cfg, wall, hlo_text
 
 
 def add_arguments(parser) -> None:
@@ -176,31 +256,48 @@ def add_arguments(parser) -> None:
 
 
 def run(args, command: str) -> dict:
-    """Prints the report; returns the settings, wall and op ms per step, and the op times."""
+    """Prints the report; returns the settings, wall and op ms per step, the op times, and the matmuls' totals."""
     s = common.resolve(args, DEFAULTS, QUICK)
     s["tiny"] = bool(args.quick)
     s["seq_len"] = s["seq_len"] or (64 if s["tiny"] else 2048 if s["model"] else throughput.DEFAULTS["seq_len"])
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = s["trace_dir"] or scratch
         common.progress(f"step_profile: {s['model'] or s['family']}, {s['steps']} steps traced")
-        cfg, wall = trace_steps(s, trace_dir)
+        cfg, wall, hlo_text = trace_steps(s, trace_dir)
         paths = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
         with gzip.open(paths[-1]) as f:
-            op_times = device_op_times(json.load(f))
-    kind_rows, family_rows, total = summarize(op_times, steps=s["steps"], top=s["top"])
+            segments = device_segments(json.load(f))
+    op_times = collections.Counter()
+    for start, end, event in segments:
+        op_times[op_name(event)] += end - start
+    op_wall = wall_times(segments)
+    steps = s["steps"]
+    kind_rows, family_rows, total = summarize(op_times, op_wall, steps=steps, top=s["top"])
+    mm_rows, mm = matmul_rows(segments, hlo_dots.dots_by_instruction(hlo_text), steps=steps, top=s["top"])
+    busy = sum(op_wall.values()) / steps / 1e3
     where = "device streams" if jax.default_backend() != "cpu" else "XLA:CPU threads, summed"
     print(common.header(command))
     print()
     print(f"{s['model'] or s['family']}, {cfg.dtype}, {cfg.num_params() / 1e6:,.1f}M params, batch {s['batch_size']} "
           f"x seq {s['seq_len']}, scan_layers={cfg.scan_layers}, scan_unroll={cfg.scan_unroll}, "
           f"remat {cfg.remat_policy}: {wall * 1e3:,.1f} ms per traced step (wall), op time {total:,.1f} ms "
-          f"per step ({where}).\n")
-    print(common.table(["kind", "ms per step", "share"], kind_rows))
+          f"per step ({where}); some op ran for {busy:,.1f} ms of each step's wall time.\n")
+    print(common.table(["kind", "ms per step", "share", "wall ms per step"], kind_rows))
     print()
-    print(common.table(["op (without its number)", "kind", "ops", "ms per step", "share"], family_rows))
+    print(common.table(["op (without its number)", "kind", "ops", "ms per step", "share", "wall ms per step"],
+                       family_rows))
     print()
-    print(f"Own time of each op (a loop or conditional without the ops inside it); `ops`: distinct op "
-          f"names in the family.{' Trace kept in ' + trace_dir + '.' if s['trace_dir'] else ''}")
+    print(f"The matmuls: {mm['gflop']:,.1f} GFLOP per step (the compiled step's dots) in {mm['wall_ms']:,.1f} ms "
+          f"of wall time, {mm['gflops']:,.1f} GFLOP/s; every other op {busy - mm['wall_ms']:,.1f} ms.\n")
+    print(common.table(["op", "products (batch x m x k x n)", "calls per step", "ms per call",
+                        "GFLOP/s while running", "wall ms per step"], mm_rows))
+    print()
+    print(f"`ms per step`: each op's own time (a loop or conditional without the ops inside it), summed over "
+          f"{'streams' if where == 'device streams' else 'threads'}; `wall ms per step`: each instant of the step "
+          f"split evenly among the ops running then (XLA:CPU runs independent ops side by side), so these add up "
+          f"to the time some op ran. `ops`: distinct op names in the family. GFLOP/s while running: an op's "
+          f"matmul FLOPs over its own time, whatever ran beside it."
+          f"{' Trace kept in ' + trace_dir + '.' if s['trace_dir'] else ''}")
     print(common.settings_line(s))
-    return {"settings": s, "wall_ms": wall * 1e3, "op_ms": total, "op_times": op_times,
-            "kinds": {kind: us / s["steps"] / 1e3 for kind, us in kind_times(op_times).items()}}
+    return {"settings": s, "wall_ms": wall * 1e3, "op_ms": total, "op_times": op_times, "matmuls": mm,
+            "kinds": {kind: us / steps / 1e3 for kind, us in kind_times(op_times).items()}}

@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from bench import step_profile
+from bench import hlo_dots, step_profile
 from bench.__main__ import BENCHMARKS, parser
 
 
@@ -48,18 +48,33 @@ def _op(pid, tid, name, ts, dur):
     return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
 
 
-def test_cpu_ops_count_their_own_time_without_the_runtime():
+def test_cpu_ops_count_their_own_time_and_the_runtime_inside_them():
     """A loop's event contains its body's ops, the thunk executor's events contain ops: each op
-    counts only its own time; the runtime's events and the Python thread's do not count."""
+    counts its own time; a runtime event's own time counts for the op it is nested in (the
+    executor running the loop's body for the loop, a matmul's wait for its workers for the
+    matmul) and for nothing outside ops; the Python thread's events do not count."""
     trace = {"traceEvents": [
         *_meta(1, 10, "/host:CPU", "tf_XLAEigen/123"), *_meta(1, 11, "/host:CPU", "python"),
         _op(1, 10, "while.3", 0, 100), _op(1, 10, "ynn_fusion.1", 10, 30),
+        _op(1, 10, "SlinkyThreadPool::Await", 30, 8),
         _op(1, 10, "ThunkExecutor::Execute", 50, 40), _op(1, 10, "add_fusion", 55, 10),
-        _op(1, 10, "end: copy.2", 120, 5),
+        _op(1, 10, "end: copy.2", 120, 5), _op(1, 10, "ThunkExecutor::Execute", 130, 20),
         _op(1, 11, "PjitFunction(_train_step_fn)", 0, 200), _op(1, 11, "ynn_fusion.9", 0, 50),
     ]}
-    assert dict(step_profile.device_op_times(trace)) == {"while.3": 30, "ynn_fusion.1": 30, "add_fusion": 10,
+    assert dict(step_profile.device_op_times(trace)) == {"while.3": 60, "ynn_fusion.1": 30, "add_fusion": 10,
                                                          "copy.2": 5}
+
+
+def test_wall_time_is_shared_by_the_ops_running_side_by_side():
+    """Two matmuls on two threads overlap for 20 us: each gets half of it; the times add up to the
+    time any op ran (60 us of the 80 us span)."""
+    trace = {"traceEvents": [
+        *_meta(1, 10, "/host:CPU", "tf_XLAEigen/1"), *_meta(1, 11, "/host:CPU", "tf_XLAEigen/2"),
+        _op(1, 10, "ynn_fusion.1", 0, 40), _op(1, 11, "ynn_fusion.2", 20, 30), _op(1, 10, "add_fusion", 70, 10),
+    ]}
+    segments = step_profile.device_segments(trace)
+    assert dict(step_profile.wall_times(segments)) == {"ynn_fusion.1": 30, "ynn_fusion.2": 20, "add_fusion": 10}
+    assert dict(step_profile.device_op_times(trace)) == {"ynn_fusion.1": 40, "ynn_fusion.2": 30, "add_fusion": 10}
 
 
 def test_a_device_trace_counts_the_streams_only():
@@ -70,10 +85,26 @@ def test_a_device_trace_counts_the_streams_only():
     ]}
     times = step_profile.device_op_times(trace)
     assert dict(times) == {"nvjet_sm90_tst": 40, "loop_add_fusion_2": 10}
-    kinds, families, total = step_profile.summarize(times, steps=2, top=5)
-    assert kinds == [["matmuls", "0.02", "80.0%"], ["elementwise and other", "0.01", "20.0%"]]
+    wall = step_profile.wall_times(step_profile.device_segments(trace))
+    kinds, families, total = step_profile.summarize(times, wall, steps=2, top=5)
+    assert kinds == [["matmuls", "0.02", "80.0%", "0.02"], ["elementwise and other", "0.01", "20.0%", "0.01"]]
     assert total == pytest.approx(0.025)
-    assert families[0] == ["nvjet_sm90_tst", "matmuls", 1, "0.02", "80.0%"]
+    assert families[0] == ["nvjet_sm90_tst", "matmuls", 1, "0.02", "80.0%", "0.02"]
+
+
+def test_matmul_rows_give_each_matmul_op_its_speed_while_running_and_its_wall_time():
+    """Two calls of a 1-GFLOP matmul per step, 10 ms each, half of one beside an add: 100 GFLOP/s
+    while running, 17.5 ms of wall time per step; XLA:CPU's completion event of an op is no call."""
+    trace = {"traceEvents": [
+        *_meta(1, 10, "/host:CPU", "tf_XLAEigen/1"), *_meta(1, 11, "/host:CPU", "tf_XLAEigen/2"),
+        _op(1, 10, "ynn_fusion.1", 0, 10_000), _op(1, 10, "end: ynn_fusion.1", 10_000, 0),
+        _op(1, 11, "add_fusion", 5_000, 5_000), _op(1, 10, "ynn_fusion.1", 20_000, 10_000),
+    ]}
+    dot = hlo_dots.Dot(batch=1, m=1000, k=500, n=1000)
+    rows, totals = step_profile.matmul_rows(step_profile.device_segments(trace), {"ynn_fusion.1": [dot]},
+                                            steps=1, top=5)
+    assert rows == [["ynn_fusion.1", "1000x500x1000", "2", "10.00", "100.0", "17.50"]]
+    assert totals == pytest.approx({"gflop": 2.0, "wall_ms": 17.5, "gflops": 2.0 / 17.5e-3})
 
 
 def _run(*extra):
@@ -98,5 +129,11 @@ def test_quick_profile_of_the_scanned_and_the_loop_free_step():
     assert not {"stack writes (dynamic-update-slice)", "stack reads (dynamic-slice)"} & set(loop_free["kinds"])
     lines = out.strip().splitlines()
     assert lines[0].startswith("**") and "command: `python -m bench step_profile --quick" in lines[0]
-    assert "| kind" in out and "| op (without its number)" in out
+    assert "| kind" in out and "| op (without its number)" in out and "| products (batch x m x k x n)" in out
+    for result in (scanned, loop_free):  # the tiny step's dots, each counted once per call
+        flops = step_profile.common.flops_per_token(step_profile.model_config(result["settings"]),
+                                                    result["settings"]["seq_len"])
+        tokens = result["settings"]["batch_size"] * result["settings"]["seq_len"]
+        assert result["matmuls"]["gflop"] == pytest.approx(flops * tokens / 1e9, rel=0.02)
+        assert result["matmuls"]["wall_ms"] > 0
     assert lines[-1].startswith("settings: ")
