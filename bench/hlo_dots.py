@@ -15,10 +15,11 @@ import dataclasses
 import math
 import re
 
+from t5x_lite.estimate import collectives
+
 # `[ROOT ]%name = shape opcode(operands), attributes`; a shape may be a tuple.
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|[\w]+\[[\d,]*\](?:\{[^}]*\})?)\s+"
                           r"([\w\-]+)\((.*?)\)(.*)$")
-_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")  # unindented, unlike instructions
 _ARRAY = re.compile(r"\w+\[([\d,]*)\]")
 _CUBLAS = re.compile(r'custom_call_target="__cublas\$(?:lt\$matmul|gemm)"')
 
@@ -76,37 +77,27 @@ def _dot(lhs: str, rhs: str, attributes: str, cublas: bool) -> Dot | None:
 
 def dots_by_instruction(hlo_text: str) -> dict[str, list[Dot]]:
     """Every instruction that is a matmul or a fusion calling matmuls, by name, with its dots."""
-    computations: dict[str, list[tuple[str, str, str, str, str]]] = {}
-    current: list | None = None
-    for line in hlo_text.splitlines():
-        header = _HEADER.match(line)
-        if header and not line.startswith("HloModule"):
-            current = computations.setdefault(header.group(1), [])
-        elif current is not None and (instruction := _INSTRUCTION.match(line)):
-            current.append(instruction.groups())
-
-    own: dict[str, list[Dot]] = {}
-    calls: dict[str, list[str]] = {}
-    for computation, instructions in computations.items():
+    own: dict[str, list[Dot]] = {}  # every instruction: the dot it is itself, if any
+    calls: dict[str, str] = {}  # fusion -> the computation it calls
+    members: dict[str, list[str]] = {}  # computation -> its instructions
+    for computation, lines in collectives.computations(hlo_text)[0].items():
+        instructions = [match.groups() for line in lines if (match := _INSTRUCTION.match(line))]
         shapes = {name: shape for name, shape, *_ in instructions}
+        members[computation] = list(shapes)
         for name, _, opcode, operands, attributes in instructions:
+            own[name] = []
             cublas = opcode == "custom-call" and bool(_CUBLAS.search(attributes))
             if opcode == "dot" or cublas:
                 lhs, rhs, *_ = _operand_shapes(operands, shapes) + ["", ""]
-                dot = _dot(lhs, rhs, attributes, cublas)
-                own[name] = [dot] if dot else []
+                own[name] = [dot] if (dot := _dot(lhs, rhs, attributes, cublas)) else []
             elif opcode == "fusion" and (called := re.search(r"calls=%?([\w.\-]+)", attributes)):
-                calls[name] = [called.group(1)]
-        for name, *_ in instructions:
-            own.setdefault(name, [])
-        computations[computation] = [name for name, *_ in instructions]  # type: ignore[assignment]
+                calls[name] = called.group(1)
 
     def dots_of(name: str, seen: frozenset = frozenset()) -> list[Dot]:
-        found = list(own.get(name, []))
-        for computation in calls.get(name, []):
-            if computation not in seen:
-                for inner in computations.get(computation, []):
-                    found += dots_of(inner, seen | {computation})
+        found = list(own[name])
+        if (computation := calls.get(name)) is not None and computation not in seen:
+            for inner in members.get(computation, []):
+                found += dots_of(inner, seen | {computation})
         return found
 
     return {name: dots for name in own if (dots := dots_of(name))}

@@ -17,11 +17,11 @@ gradient of this model. So a JAX problem in 'nt' or 'tn' is also timed with its 
 operand stored transposed ('nn'), and the faster of the two counts (the copy is left to the
 rest of the step); each distinct kernel (layout and sizes) is timed once. A problem's time
 times its count per step, summed, is what the framework's matmul kernels alone need for one
-step. Next to the step times of `loop_overhead` and `torch_reference` in the same sitting, that splits the gap between the two steps into the kernels' share and the
-rest. Attention's score products are left out: PyTorch runs them inside its fused
-scaled_dot_product_attention kernel, t5x_lite as batched matmuls (`models/explicit_attention.py`);
-the table's last line says what share of the step's FLOPs the dense matmuls are. Needs PyTorch
-(`make install-torch`).
+step. Next to the step times of `loop_overhead` and `torch_reference` in the same sitting,
+that splits the gap between the two steps into the kernels' share and the rest. Attention's
+score products are left out: PyTorch runs them inside its fused scaled_dot_product_attention
+kernel, t5x_lite as batched matmuls (`models/explicit_attention.py`); the table's last line says
+what share of the step's FLOPs the dense matmuls are. Needs PyTorch (`make install-torch`).
 """
 
 from __future__ import annotations

@@ -126,15 +126,22 @@ def op_name(event: dict) -> str:
     return event["name"].removeprefix("end: ")
 
 
-def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
-    """Microseconds of own time per op name (`device_segments`), summed over threads and streams."""
+def own_times(segments: Iterable[tuple[float, float, dict]],
+              key: Callable[[dict], str] = op_name) -> collections.Counter:
+    """Microseconds of own time per op (`device_segments`), summed over threads and streams."""
     totals = collections.Counter()
-    for start, end, event in device_segments(trace):
-        totals[op_name(event)] += end - start
+    for start, end, event in segments:
+        totals[key(event)] += end - start
     return totals
 
 
-def wall_times(segments: Iterable[tuple[float, float, dict]], key: Callable[[dict], str] = op_name) -> collections.Counter:
+def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
+    """Microseconds of own time per op name in a Chrome-format trace."""
+    return own_times(device_segments(trace))
+
+
+def wall_times(segments: Iterable[tuple[float, float, dict]],
+               key: Callable[[dict], str] = op_name) -> collections.Counter:
     """Microseconds of wall time per op: each instant split evenly among the ops running then, so
     ops that run side by side on XLA:CPU's threads share it and the times add up to the time
     during which any op ran."""
@@ -190,12 +197,11 @@ def matmul_rows(segments: list[tuple[float, float, dict]], dots: Mapping[str, li
     """The `top` ops that run matmuls, by wall time: their products, calls per step, ms per call,
     GFLOP/s while each ran, wall ms per step; and the totals of all of them per step (GFLOP,
     wall ms, GFLOP/s in wall time)."""
-    own, calls = collections.Counter(), collections.defaultdict(set)
-    for start, end, event in segments:
-        if (name := hlo_op(event)) in dots:
-            own[name] += end - start
-            if not event["name"].startswith("end: "):  # XLA:CPU's completion of an op is an event of its own
-                calls[name].add(id(event))
+    own = {name: us for name, us in own_times(segments, hlo_op).items() if name in dots}
+    calls = collections.defaultdict(set)
+    for _, _, event in segments:
+        if hlo_op(event) in dots and not event["name"].startswith("end: "):  # XLA:CPU's completion of an op
+            calls[hlo_op(event)].add(id(event))                             # is an event of its own
     all_wall = wall_times(segments, hlo_op)
     rows, total_flops = [], 0.0
     for name, _ in sorted(all_wall.items(), key=lambda item: -item[1]):
@@ -267,9 +273,7 @@ def run(args, command: str) -> dict:
         paths = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
         with gzip.open(paths[-1]) as f:
             segments = device_segments(json.load(f))
-    op_times = collections.Counter()
-    for start, end, event in segments:
-        op_times[op_name(event)] += end - start
+    op_times = own_times(segments)
     op_wall = wall_times(segments)
     steps = s["steps"]
     kind_rows, family_rows, total = summarize(op_times, op_wall, steps=steps, top=s["top"])

@@ -45,8 +45,9 @@ def result_bytes(shape_text: str) -> int:
     return total
 
 
-def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-    """{computation name: its instruction lines}, and the entry computation's name."""
+def computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+    """{computation name: its instruction lines}, and the entry computation's name, of a module's
+    HLO text (`compiled.as_text()`)."""
     out: dict[str, list[str]] = {}
     entry, current = "", None
     for line in hlo_text.splitlines():
@@ -71,7 +72,7 @@ def _called(line: str) -> Iterator[str]:
 
 def collectives(hlo_text: str) -> dict[str, Group]:
     """{loop body name or 'outside': Group} for the collectives reachable from the entry computation."""
-    comps, entry = _computations(hlo_text)
+    comps, entry = computations(hlo_text)
     groups: dict[str, Group] = {}
 
     def walk(name: str, group: str, seen: set[str]) -> None:
