@@ -26,7 +26,7 @@ import gzip
 import json
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -140,23 +140,44 @@ def device_op_times(trace: Mapping[str, Any]) -> collections.Counter:
     return own_times(device_segments(trace))
 
 
+def _stretches(segments: Iterable[tuple[float, float, dict]],
+               key: Callable[[dict], str]) -> Iterator[tuple[float, collections.Counter]]:
+    """(microseconds, {op: pieces running}) for each stretch between two op starts or ends in which
+    some op ran; the counter is the sweep's own, read it before the next stretch."""
+    changes = sorted((time, delta, key(event)) for start, end, event in segments
+                     for time, delta in ((start, 1), (end, -1)))
+    running, previous = collections.Counter(), None
+    for time, delta, name in changes:
+        if previous is not None and running and time > previous:
+            yield time - previous, running
+        running[name] += delta
+        if not running[name]:
+            del running[name]
+        previous = time
+
+
 def wall_times(segments: Iterable[tuple[float, float, dict]],
                key: Callable[[dict], str] = op_name) -> collections.Counter:
     """Microseconds of wall time per op: each instant split evenly among the ops running then, so
     ops that run side by side on XLA:CPU's threads share it and the times add up to the time
     during which any op ran."""
-    changes = sorted((time, delta, key(event)) for start, end, event in segments
-                     for time, delta in ((start, 1), (end, -1)))
-    running, totals, previous = collections.Counter(), collections.Counter(), None
-    for time, delta, name in changes:
+    totals = collections.Counter()
+    for us, running in _stretches(segments, key):
         count = sum(running.values())
-        if previous is not None and count and time > previous:
-            for running_name, n in running.items():
-                totals[running_name] += (time - previous) * n / count
-        running[name] += delta
-        if not running[name]:
-            del running[name]
-        previous = time
+        for name, n in running.items():
+            totals[name] += us * n / count
+    return totals
+
+
+def alone_times(segments: Iterable[tuple[float, float, dict]],
+                key: Callable[[dict], str] = op_name) -> collections.Counter:
+    """Microseconds per op in which no other op ran. On XLA:CPU a matmul that runs on one thread
+    (YNNPACK's batched products) leaves the other cores idle for that long; a YNNPACK matmul's
+    workers leave no events, so a dense product alone still uses every core."""
+    totals = collections.Counter()
+    for us, running in _stretches(segments, key):
+        if len(running) == 1:
+            totals[next(iter(running))] += us
     return totals
 
 
@@ -195,14 +216,14 @@ def hlo_op(event: dict) -> str:
 def matmul_rows(segments: list[tuple[float, float, dict]], dots: Mapping[str, list[hlo_dots.Dot]], *, steps: int,
                 top: int) -> tuple[list[list], dict[str, float]]:
     """The `top` ops that run matmuls, by wall time: their products, calls per step, ms per call,
-    GFLOP/s while each ran, wall ms per step; and the totals of all of them per step (GFLOP,
+    GFLOP/s while each ran, wall ms per step, ms per step with no other op beside it; and the totals of all of them per step (GFLOP,
     wall ms, GFLOP/s in wall time)."""
     own = {name: us for name, us in own_times(segments, hlo_op).items() if name in dots}
     calls = collections.defaultdict(set)
     for _, _, event in segments:
         if hlo_op(event) in dots and not event["name"].startswith("end: "):  # XLA:CPU's completion of an op
             calls[hlo_op(event)].add(id(event))                             # is an event of its own
-    all_wall = wall_times(segments, hlo_op)
+    all_wall, alone = wall_times(segments, hlo_op), alone_times(segments, hlo_op)
     rows, total_flops = [], 0.0
     for name, _ in sorted(all_wall.items(), key=lambda item: -item[1]):
         if name not in own:
@@ -211,7 +232,7 @@ def matmul_rows(segments: list[tuple[float, float, dict]], dots: Mapping[str, li
         total_flops += flops
         rows.append([name, " + ".join(dot.describe() for dot in dots[name]), f"{len(calls[name]) / steps:g}",
                      f"{own[name] / len(calls[name]) / 1e3:,.2f}", f"{flops / own[name] / 1e3:,.1f}",
-                     f"{all_wall[name] / steps / 1e3:,.2f}"])
+                     f"{all_wall[name] / steps / 1e3:,.2f}", f"{alone[name] / steps / 1e3:,.2f}"])
     matmul_wall = sum(all_wall[name] for name in own)
     totals = {"gflop": total_flops / steps / 1e9, "wall_ms": matmul_wall / steps / 1e3,
               "gflops": total_flops / matmul_wall / 1e3 if matmul_wall else 0.0}
@@ -294,13 +315,14 @@ def run(args, command: str) -> dict:
     print(f"The matmuls: {mm['gflop']:,.1f} GFLOP per step (the compiled step's dots) in {mm['wall_ms']:,.1f} ms "
           f"of wall time, {mm['gflops']:,.1f} GFLOP/s; every other op {busy - mm['wall_ms']:,.1f} ms.\n")
     print(common.table(["op", "products (batch x m x k x n)", "calls per step", "ms per call",
-                        "GFLOP/s while running", "wall ms per step"], mm_rows))
+                        "GFLOP/s while running", "wall ms per step", "alone ms per step"], mm_rows))
     print()
     print(f"`ms per step`: each op's own time (a loop or conditional without the ops inside it), summed over "
           f"{'streams' if where == 'device streams' else 'threads'}; `wall ms per step`: each instant of the step "
           f"split evenly among the ops running then (XLA:CPU runs independent ops side by side), so these add up "
           f"to the time some op ran. `ops`: distinct op names in the family. GFLOP/s while running: an op's "
-          f"matmul FLOPs over its own time, whatever ran beside it."
+          f"matmul FLOPs over its own time, whatever ran beside it; `alone`: the time no other op ran (on "
+          f"XLA:CPU, for a matmul that runs on one thread, the other cores' idle time)."
           f"{' Trace kept in ' + trace_dir + '.' if s['trace_dir'] else ''}")
     print(common.settings_line(s))
     return {"settings": s, "wall_ms": wall * 1e3, "op_ms": total, "op_times": op_times, "matmuls": mm,

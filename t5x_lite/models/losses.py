@@ -72,8 +72,9 @@ def _cross_entropy_bwd(z_loss, label_smoothing, residuals, cotangents):
     # d loss / d logits = softmax - smoothed one-hot; d z_term / d logits = 2 z_loss log Z softmax.
     target = jnp.arange(vocab, dtype=targets.dtype) == targets[..., None]
     smoothed = jnp.where(target, *_smoothed_target(vocab, label_smoothing))
-    z_scale = 2.0 * z_loss * log_z * (g_loss + g_z)
-    grad = g_loss[..., None] * (probs - smoothed) + z_scale[..., None] * probs
+    grad = g_loss[..., None] * (probs - smoothed)
+    if z_loss:  # a static float: without z-loss the step computes no term for it
+        grad = grad + (2.0 * z_loss * log_z * (g_loss + g_z))[..., None] * probs
     return grad, None
 
 

@@ -75,6 +75,19 @@ def test_wall_time_is_shared_by_the_ops_running_side_by_side():
     segments = step_profile.device_segments(trace)
     assert dict(step_profile.wall_times(segments)) == {"ynn_fusion.1": 30, "ynn_fusion.2": 20, "add_fusion": 10}
     assert dict(step_profile.device_op_times(trace)) == {"ynn_fusion.1": 40, "ynn_fusion.2": 30, "add_fusion": 10}
+    assert dict(step_profile.alone_times(segments)) == {"ynn_fusion.1": 20, "ynn_fusion.2": 10, "add_fusion": 10}
+
+
+def test_an_op_on_two_threads_with_nothing_beside_it_runs_alone():
+    """A loop fusion split over two threads is one op: alone while nothing else runs (0-10 us),
+    not while a matmul runs beside one of its halves (10-15 us)."""
+    trace = {"traceEvents": [
+        *_meta(1, 10, "/host:CPU", "tf_XLAEigen/1"), *_meta(1, 11, "/host:CPU", "tf_XLAEigen/2"),
+        _op(1, 10, "add_fusion.3", 0, 10), _op(1, 11, "add_fusion.3", 0, 15), _op(1, 10, "ynn_fusion.1", 10, 10),
+    ]}
+    segments = step_profile.device_segments(trace)
+    assert dict(step_profile.alone_times(segments)) == {"add_fusion.3": 10, "ynn_fusion.1": 5}
+    assert dict(step_profile.wall_times(segments)) == pytest.approx({"add_fusion.3": 12.5, "ynn_fusion.1": 7.5})
 
 
 def test_a_device_trace_counts_the_streams_only():
@@ -94,7 +107,8 @@ def test_a_device_trace_counts_the_streams_only():
 
 def test_matmul_rows_give_each_matmul_op_its_speed_while_running_and_its_wall_time():
     """Two calls of a 1-GFLOP matmul per step, 10 ms each, half of one beside an add: 100 GFLOP/s
-    while running, 17.5 ms of wall time per step; XLA:CPU's completion event of an op is no call."""
+    while running, 17.5 ms of wall time per step, 15 ms alone; XLA:CPU's completion event of an op
+    is no call."""
     trace = {"traceEvents": [
         *_meta(1, 10, "/host:CPU", "tf_XLAEigen/1"), *_meta(1, 11, "/host:CPU", "tf_XLAEigen/2"),
         _op(1, 10, "ynn_fusion.1", 0, 10_000), _op(1, 10, "end: ynn_fusion.1", 10_000, 0),
@@ -103,7 +117,7 @@ def test_matmul_rows_give_each_matmul_op_its_speed_while_running_and_its_wall_ti
     dot = hlo_dots.Dot(batch=1, m=1000, k=500, n=1000)
     rows, totals = step_profile.matmul_rows(step_profile.device_segments(trace), {"ynn_fusion.1": [dot]},
                                             steps=1, top=5)
-    assert rows == [["ynn_fusion.1", "1000x500x1000", "2", "10.00", "100.0", "17.50"]]
+    assert rows == [["ynn_fusion.1", "1000x500x1000", "2", "10.00", "100.0", "17.50", "15.00"]]
     assert totals == pytest.approx({"gflop": 2.0, "wall_ms": 17.5, "gflops": 2.0 / 17.5e-3})
 
 
