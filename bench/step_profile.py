@@ -269,16 +269,28 @@ def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float, str]:
     return cfg, wall, hlo_text
 
 
-def add_arguments(parser) -> None:
+def add_model_arguments(parser, defaults: dict) -> None:
+    """The options that pick the step's model and batch (step_ab shares them)."""
     parser.add_argument("--model", help="gin/models/NAME.gin in bfloat16, as gpu_decoders runs it (default: "
                                         "throughput's model, --family)")
     parser.add_argument("--family", choices=("llama", "gpt2", "t5"), help="throughput's model (default llama)")
     parser.add_argument("--dtype", help="compute dtype (default float32 for --family, bfloat16 for --model)")
-    for key in ("seq_len", "batch_size", "packed_segments", "warmup_steps", "steps", "top"):
-        parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
+    for key in ("seq_len", "batch_size", "packed_segments"):
+        parser.add_argument(f"--{key}", type=int, help=f"default {defaults[key]}")
     parser.add_argument("--scan_layers", type=int, choices=(0, 1), help="default: the model's (scanned)")
     parser.add_argument("--scan_unroll", type=int, help="scanned layers per loop iteration (default: the model's, 1)")
     parser.add_argument("--remat", help="remat policy (default: none)")
+
+
+def default_seq_len(s: dict) -> int:
+    """64 for --quick, 2048 for --model, else throughput's."""
+    return 64 if s["tiny"] else 2048 if s["model"] else throughput.DEFAULTS["seq_len"]
+
+
+def add_arguments(parser) -> None:
+    add_model_arguments(parser, DEFAULTS)
+    for key in ("warmup_steps", "steps", "top"):
+        parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--trace_dir", help="keep the trace here (default: a temporary directory)")
 
 
@@ -286,7 +298,7 @@ def run(args, command: str) -> dict:
     """Prints the report; returns the settings, wall and op ms per step, the op times, and the matmuls' totals."""
     s = common.resolve(args, DEFAULTS, QUICK)
     s["tiny"] = bool(args.quick)
-    s["seq_len"] = s["seq_len"] or (64 if s["tiny"] else 2048 if s["model"] else throughput.DEFAULTS["seq_len"])
+    s["seq_len"] = s["seq_len"] or default_seq_len(s)
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = s["trace_dir"] or scratch
         common.progress(f"step_profile: {s['model'] or s['family']}, {s['steps']} steps traced")

@@ -1,24 +1,19 @@
 """bench/loop_overhead.py: bare jitted step, Trainer.train_step and training.loop.train, at --quick sizes on a tiny corpus."""
 
-import contextlib
-import io
 import math
 
 import pytest
 
 from bench import loop_overhead, throughput
-from bench.__main__ import BENCHMARKS, CPU_BENCHMARKS, parser
+from bench.__main__ import BENCHMARKS, CPU_BENCHMARKS
 from t5x_lite.data import task_access
+from tests.bench_helpers import run_bench
 
 
 @pytest.fixture(scope="module")
 def report(small_data_dir):
     """(what run() returned, what it printed) for `loop_overhead --quick --data_dir=<tiny corpus>`."""
-    argv = ["loop_overhead", "--quick", f"--data_dir={small_data_dir}"]
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        result = loop_overhead.run(parser().parse_args(argv), "python -m bench " + " ".join(argv))
-    return result, stdout.getvalue()
+    return run_bench("loop_overhead", "--quick", f"--data_dir={small_data_dir}")
 
 
 def test_registered_after_throughput_with_its_sizes():

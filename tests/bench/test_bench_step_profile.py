@@ -1,12 +1,10 @@
 """bench/step_profile.py: op kinds by name, own time of nested trace events, a traced --quick step on CPU."""
 
-import contextlib
-import io
-
 import pytest
 
 from bench import hlo_dots, step_profile
-from bench.__main__ import BENCHMARKS, parser
+from bench.__main__ import BENCHMARKS
+from tests.bench_helpers import run_bench
 
 
 @pytest.mark.parametrize("name,kind", [
@@ -122,11 +120,7 @@ def test_matmul_rows_give_each_matmul_op_its_speed_while_running_and_its_wall_ti
 
 
 def _run(*extra):
-    argv = ["step_profile", "--quick", *extra]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        result = step_profile.run(parser().parse_args(argv), "python -m bench " + " ".join(argv))
-    return result, out.getvalue()
+    return run_bench("step_profile", "--quick", *extra)
 
 
 def test_quick_profile_of_the_scanned_and_the_loop_free_step():
