@@ -8,8 +8,9 @@ reversed on odd ones, so no variant always follows the same other). A variant's 
 over the first variant's in the same round is a paired ratio, which drift common to both cancels
 out of; the report gives each variant's median and min ms per step, the median and range of
 its paired ratios, its compiled temp memory, and its loss after the timed steps (each variant
-starts from the same parameters and trains on the same batch, so a variant that only changes
-how the step runs ends at the first one's loss).
+starts from the same parameters and trains on the same batch of random tokens, unless it changes
+their shapes or vocabulary, so a variant that only changes how the step runs ends at the first
+one's loss).
 
 --variant NAME[:SETTING=VALUE,...], repeated, the first being the baseline. A SETTING is a
 field of the model's config (`scan_unroll=4`, `remat_policy=full`, `attention_implementation=xla`),
@@ -97,8 +98,10 @@ def add_arguments(parser) -> None:
                              f"{' and '.join(DEFAULTS['variant'])})")
 
 
-def _compile(cfg, variant: Variant, batch: Mapping[str, Any]) -> dict[str, Any]:
-    trainer = common.make_trainer(dataclasses.replace(cfg, **variant.model))
+def _compile(cfg, variant: Variant, s: Mapping[str, Any]) -> dict[str, Any]:
+    cfg = dataclasses.replace(cfg, **variant.model)
+    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], packed_segments=s["packed_segments"])
+    trainer = common.make_trainer(cfg)
     try:
         compiled = trainer.lower_train_step(batch).compile(compiler_options=dict(variant.xla) or None)
     except jax.errors.JaxRuntimeError as e:
@@ -125,11 +128,10 @@ def run(args, command: str) -> dict:
         raise SystemExit(str(e)) from None
     if len(variants) < 2 or len({v.name for v in variants}) != len(variants):
         raise SystemExit(f"step_ab compares two or more --variant, each with its own name, not {s['variant']}.")
-    batch = common.make_batch(cfg, batch=s["batch_size"], length=s["seq_len"], packed_segments=s["packed_segments"])
     runs = {}
     for v in variants:
         common.progress(f"step_ab: compiling {v.name} ({v.describe()})")
-        runs[v.name] = _compile(cfg, v, batch)
+        runs[v.name] = _compile(cfg, v, s)
         r = runs[v.name]
         r["state"], *_ = common.timed_steps(r["step"], r["state"], *r["args"], warmup=s["warmup_steps"], windows=0,
                                             steps=0)

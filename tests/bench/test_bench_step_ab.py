@@ -57,6 +57,14 @@ def test_quick_variants_time_the_same_math():
     assert "| loop_free | scan_unroll=2" in out
 
 
+def test_a_variant_with_another_vocabulary_gets_its_own_batch():
+    """Tokens drawn for 512 would index past a 64-entry embedding: the 64-vocabulary variant trains
+    on its own tokens, starting near log(64) instead of log(512)."""
+    result, _ = _run("--variant=base", "--variant=small:vocab_size=64")
+    losses = {name: v["loss"] for name, v in result["variants"].items()}
+    assert losses["small"] < losses["base"] - 1.0
+
+
 @pytest.mark.parametrize("variants,message", [
     (["--variant=base"], "two or more --variant"),
     (["--variant=a", "--variant=a:scan_unroll=2"], "each with its own name"),
