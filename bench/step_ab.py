@@ -9,8 +9,9 @@ over the first variant's in the same round is a paired ratio, which drift common
 out of; the report gives each variant's median and min ms per step, the median and range of
 its paired ratios, its compiled temp memory, and its loss after the timed steps (each variant
 starts from the same parameters and trains on the same batch of random tokens, unless it changes
-their shapes or vocabulary, so a variant that only changes how the step runs ends at the first
-one's loss).
+their shapes or vocabulary, so a variant that only changes how the step runs ends near the
+first one's loss: XLA's order of operations changes the rounding, and over tens of steps on one
+batch the losses can part by a percent or so; a wrong result parts by far more).
 
 --variant NAME[:SETTING=VALUE,...], repeated, the first being the baseline. A SETTING is a
 field of the model's config (`scan_unroll=4`, `remat_policy=full`, `attention_implementation=xla`),
@@ -164,6 +165,7 @@ def run(args, command: str) -> dict:
     print()
     print(f"A paired ratio is a variant's time in one round over {names[0]}'s in the same round; under 1 is "
           f"faster. The loss is the last timed step's, every variant having trained the same batch from the same "
-          f"parameters.")
+          f"parameters: equal up to rounding (a percent or so after tens of steps) for a change that leaves the "
+          f"math alone.")
     print(common.settings_line(s))
     return {"settings": s, "variants": result}
