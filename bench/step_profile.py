@@ -216,8 +216,8 @@ def hlo_op(event: dict) -> str:
 def matmul_rows(segments: list[tuple[float, float, dict]], dots: Mapping[str, list[hlo_dots.Dot]], *, steps: int,
                 top: int) -> tuple[list[list], dict[str, float]]:
     """The `top` ops that run matmuls, by wall time: their products, calls per step, ms per call,
-    GFLOP/s while each ran, wall ms per step, ms per step with no other op beside it; and the totals of all of them per step (GFLOP,
-    wall ms, GFLOP/s in wall time)."""
+    GFLOP/s while each ran, wall ms per step, ms per step with no other op beside it; and the
+    totals of all of them per step (GFLOP, wall ms, GFLOP/s in wall time)."""
     own = {name: us for name, us in own_times(segments, hlo_op).items() if name in dots}
     calls = collections.defaultdict(set)
     for _, _, event in segments:
