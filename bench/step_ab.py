@@ -31,8 +31,7 @@ import jax
 
 from bench import common, step_profile
 
-DEFAULTS = {"model": None, "family": "llama", "dtype": None, "seq_len": None, "batch_size": 8, "scan_layers": None,
-            "scan_unroll": None, "remat": None, "packed_segments": 4, "warmup_steps": 2, "steps": 3, "rounds": 8,
+DEFAULTS = {**step_profile.MODEL_DEFAULTS, "warmup_steps": 2, "steps": 3, "rounds": 8,
             "variant": ["as_configured", "loop_free:scan_unroll=4"]}
 QUICK = {"warmup_steps": 1, "steps": 2, "rounds": 2, "variant": ["as_configured", "loop_free:scan_unroll=2"]}
 
@@ -91,7 +90,7 @@ def paired_ratios(times: Mapping[str, Sequence[float]], base: str) -> dict[str, 
 
 
 def add_arguments(parser) -> None:
-    step_profile.add_model_arguments(parser, DEFAULTS)
+    step_profile.add_model_arguments(parser)
     for key in ("warmup_steps", "steps", "rounds"):
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--variant", action="append",

@@ -33,9 +33,10 @@ import jax
 
 from bench import common, gpu_decoders, hlo_dots, throughput
 
-DEFAULTS = {"model": None, "family": "llama", "dtype": None, "seq_len": None, "batch_size": 8, "scan_layers": None,
-            "scan_unroll": None, "remat": None, "packed_segments": 4, "warmup_steps": 2, "steps": 3, "top": 20,
-            "trace_dir": None}
+# The options that pick the step's model and batch (`add_model_arguments`; step_ab uses them too).
+MODEL_DEFAULTS = {"model": None, "family": "llama", "dtype": None, "seq_len": None, "batch_size": 8,
+                  "scan_layers": None, "scan_unroll": None, "remat": None, "packed_segments": 4}
+DEFAULTS = {**MODEL_DEFAULTS, "warmup_steps": 2, "steps": 3, "top": 20, "trace_dir": None}
 QUICK = {"warmup_steps": 1, "steps": 2, "top": 10}
 
 # (kind, pattern) in order: an op's kind is the first whose pattern its name matches.
@@ -269,14 +270,14 @@ def trace_steps(s: dict, trace_dir: str) -> tuple[Any, float, str]:
     return cfg, wall, hlo_text
 
 
-def add_model_arguments(parser, defaults: dict) -> None:
-    """The options that pick the step's model and batch (step_ab shares them)."""
+def add_model_arguments(parser) -> None:
+    """The options that pick the step's model and batch (`MODEL_DEFAULTS`)."""
     parser.add_argument("--model", help="gin/models/NAME.gin in bfloat16, as gpu_decoders runs it (default: "
                                         "throughput's model, --family)")
     parser.add_argument("--family", choices=("llama", "gpt2", "t5"), help="throughput's model (default llama)")
     parser.add_argument("--dtype", help="compute dtype (default float32 for --family, bfloat16 for --model)")
     for key in ("seq_len", "batch_size", "packed_segments"):
-        parser.add_argument(f"--{key}", type=int, help=f"default {defaults[key]}")
+        parser.add_argument(f"--{key}", type=int, help=f"default {MODEL_DEFAULTS[key]}")
     parser.add_argument("--scan_layers", type=int, choices=(0, 1), help="default: the model's (scanned)")
     parser.add_argument("--scan_unroll", type=int, help="scanned layers per loop iteration (default: the model's, 1)")
     parser.add_argument("--remat", help="remat policy (default: none)")
@@ -288,7 +289,7 @@ def default_seq_len(s: dict) -> int:
 
 
 def add_arguments(parser) -> None:
-    add_model_arguments(parser, DEFAULTS)
+    add_model_arguments(parser)
     for key in ("warmup_steps", "steps", "top"):
         parser.add_argument(f"--{key}", type=int, help=f"default {DEFAULTS[key]}")
     parser.add_argument("--trace_dir", help="keep the trace here (default: a temporary directory)")
