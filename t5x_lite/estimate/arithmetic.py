@@ -59,12 +59,15 @@ def gathered_bytes(*, unscanned: Sequence[float], layer_stacks: Sequence[float])
     """Bytes of the whole weights a step materialises when parameters are sharded over batch axes (FSDP).
 
     unscanned: bytes of each unscanned array that is sharded over a batch axis, once gathered;
-    layer_stacks: for each scanned stack, the bytes of one layer's gathered arrays. Every gathered
-    unscanned array stays whole from its forward use to its backward one, and the largest one's
-    gradient is whole before it is reduced; a scanned stack holds one layer's gathered weights and
-    its whole gradient at a time.
+    layer_stacks: for each scanned stack, the bytes of one layer's gathered arrays. Counted where
+    the step peaks, with every saved activation still live: outside the layer loops, at the loss
+    and the logits' backward pass, the unscanned arrays are whole on each device (gathered, or as
+    gradients not yet reduced), the largest once more (compiled steps on 8 host devices:
+    docs/benchmarks.md, large models); inside a loop one layer's gathered weights and their whole
+    gradient, which count instead when larger.
     """
-    return sum(unscanned) + max(unscanned, default=0.0) + 2 * max(layer_stacks, default=0.0)
+    outside = sum(unscanned) + max(unscanned, default=0.0)
+    return max(outside, 2 * max(layer_stacks, default=0.0))
 
 
 def flops_split(*, flops_per_token: float, flops_per_token_doubled_lengths: float) -> tuple[float, float]:
@@ -114,25 +117,37 @@ def score_bytes(attention: str, *, dtype_bytes: int) -> tuple[float, float, floa
 
     'xla' (jax.nn.dot_product_attention differentiated by JAX): scores, mask-added scores,
     softmax and its mask, in the compute dtype; 'explicit' (models/explicit_attention.py): one
-    float32 probability array (its custom backward pass is recomputed under `save_dots`), and
-    four float32 arrays while the backward pass runs; 'cudnn': a flash kernel, nothing that size.
+    float32 probability array (also under `save_dots`, its output being a dot's), and four float32
+    arrays while the backward pass runs; 'cudnn': a flash kernel, nothing that size.
     """
-    table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 0, 16), "cudnn": (0, 0, 0)}
+    table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 4, 16), "cudnn": (0, 0, 0)}
     return table[attention]
 
 
-def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float,
-                    n_mlp_in: int) -> tuple[float, float]:
-    """(device, host) elements one layer keeps per token for the backward pass under `policy`,
-    attention scores aside.
+def mlp_hidden_arrays(n_mlp_in: int) -> int:
+    """Arrays of the MLP's hidden size one layer keeps without remat: each input projection's output
+    and the activation's (its input to the output projection); a gated MLP also keeps act(x W0)
+    for the product's gradient (layers.MLP)."""
+    return n_mlp_in + 1 + (n_mlp_in > 1)
 
-    width: emb_dim; q / kv: query and key+value widths (heads x head_dim per device); mlp: MLP hidden
-    width per device, n_mlp_in of them (2 for gated MLPs).
+
+def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float, n_mlp_in: int,
+                    attention_blocks: int = 1) -> tuple[float, float]:
+    """(device, host) elements one layer keeps per token for the backward pass under `policy`,
+    attention scores aside (what jax saves: tests/estimate/test_saved_activations.py).
+
+    width: emb_dim; q: the query widths of the layer's `attention_blocks` attention blocks (heads x
+    head_dim per device, summed); kv: their keys and values per token (a cross-attention's over the
+    encoder's tokens, scaled to the layer's); mlp: MLP hidden width per device, n_mlp_in of them
+    (2 for gated MLPs). Without remat each sublayer (attention blocks and the MLP) keeps its norm's
+    input and output; with remat the saved projections and each sublayer's input.
     """
+    sublayers = attention_blocks + 1
+    minimal = sublayers * width + q + kv + n_mlp_in * mlp
     saved = {
-        "none": 5 * width + 2 * q + kv + (n_mlp_in + 1) * mlp,
-        "save_dots": 3 * width + 2 * q + kv + n_mlp_in * mlp,
-        "minimal": 3 * width + q + kv + n_mlp_in * mlp,
+        "none": 2 * sublayers * width + 2 * q + kv + mlp_hidden_arrays(n_mlp_in) * mlp,
+        "save_dots": minimal + q,  # + each attention's output before its projection
+        "minimal": minimal,
         "save_qkv_proj": width + q + kv,
         "full": width,
     }
@@ -143,20 +158,31 @@ def _layer_elements(policy: str, *, width: int, q: float, kv: float, mlp: float,
 
 
 def activation_bytes(*, policy: str, attention: str, dtype_bytes: int, num_layers: int, tokens: int, width: int,
-                     q: float, kv: float, mlp: float, n_mlp_in: int, scores: float) -> tuple[float, float]:
+                     q: float, kv: float, mlp: float, n_mlp_in: int, scores: float, attention_blocks: int = 1,
+                     saved_bytes: int | None = None) -> tuple[float, float]:
     """Rough (device, host) bytes of one layer stack's saved activations for one (micro)batch on one device.
 
     layers x tokens x (the policy's per-layer bytes), plus, with remat, one layer's working set
     while it is recomputed. `attention`: 'xla', 'explicit' or 'cudnn' (score_bytes); `scores`:
-    attention-score entries per token (heads per device x attended length). A rough guide, not
-    XLA's buffer assignment.
+    attention-score entries per token (heads per device x attended length); q, kv,
+    attention_blocks: as in _layer_elements. `saved_bytes`: bytes per saved element on the device
+    when not the compute dtype's (XLA:CPU keeps a scanned bfloat16 stack's saved activations in
+    float32: saved_activation_bytes). A rough guide, not XLA's buffer assignment.
     """
     kept, kept_by_dots, working = score_bytes(attention, dtype_bytes=dtype_bytes)
-    layer = dict(width=width, q=q, kv=kv, mlp=mlp, n_mlp_in=n_mlp_in)
+    layer = dict(width=width, q=q, kv=kv, mlp=mlp, n_mlp_in=n_mlp_in, attention_blocks=attention_blocks)
     device, host = _layer_elements(policy, **layer)
-    device = device * dtype_bytes + {"none": kept, "save_dots": kept_by_dots}.get(policy, 0) * scores
+    device = device * (saved_bytes or dtype_bytes) + {"none": kept, "save_dots": kept_by_dots}.get(policy, 0) * scores
     recompute = 0.0 if policy == "none" else _layer_elements("none", **layer)[0] * dtype_bytes + working * scores
     return ((num_layers * device + recompute) * tokens, num_layers * host * tokens * dtype_bytes)
+
+
+def saved_activation_bytes(*, platform: str, dtype_bytes: int, scanned: bool) -> int:
+    """Bytes per saved activation element on the device. XLA:CPU has no bfloat16 dynamic slice: it
+    computes each read of a layer's slice of a saved bfloat16 stack in float32, and the backward
+    loop's converts, being the same every iteration, are hoisted out of it, so the whole stack is
+    held in float32 (docs/benchmarks.md, large models). Other backends keep the compute dtype."""
+    return 4 if platform == "cpu" and scanned and dtype_bytes < 4 else dtype_bytes
 
 
 def logits_bytes(*, tokens: int, vocab_size: int, vocab_shards: int) -> float:

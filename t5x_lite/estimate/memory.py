@@ -121,17 +121,20 @@ ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit atte
 
 
 def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *,
-                         attention: str) -> dict[str, Any]:
+                         attention: str, platform: str) -> dict[str, Any]:
     """Rough activation and logits bytes per device for the model, batch, mesh and remat policy,
-    `attention` being the implementation the model runs (attention_kind)."""
+    `attention` being the implementation the model runs (attention_kind) on `platform`."""
     model, data = settings.model, settings.train_data
     rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
     batch_shards, _, heads_shards, _ = logical_shards(("batch", "length", "heads", "kv"), rules, mesh_shape)
     mlp_shards = logical_shards(("batch", "length", "mlp"), rules, mesh_shape)[2]
     vocab_shards = logical_shards(("batch", "length", "vocab"), rules, mesh_shape)[2]
     rows = data.batch_size // batch_shards // settings.microbatches
-    common = dict(policy=model.remat_policy, dtype_bytes=jnp.dtype(model.dtype).itemsize, width=model.emb_dim,
-                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations), attention=attention)
+    dtype_bytes = jnp.dtype(model.dtype).itemsize
+    common = dict(policy=model.remat_policy, dtype_bytes=dtype_bytes, width=model.emb_dim,
+                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations), attention=attention,
+                  saved_bytes=estimate_math.saved_activation_bytes(platform=platform, dtype_bytes=dtype_bytes,
+                                                                   scanned=model.scan_layers))
     q = model.num_heads * model.head_dim / heads_shards
     heads = model.num_heads / heads_shards  # rows of attention scores per token
     length = data.sequence_length
@@ -139,9 +142,10 @@ def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *
         inputs = data.inputs_length or length
         enc = estimate_math.activation_bytes(num_layers=model.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q,
                                scores=heads * inputs, **common)
-        # Decoder layers: self- and cross-attention, each counted like one attention block.
-        dec = estimate_math.activation_bytes(num_layers=model.num_decoder_layers, tokens=rows * length, q=2 * q, kv=4 * q,
-                               scores=heads * (length + inputs), **common)
+        # Decoder layers: self- and cross-attention, the cross-attention's keys and values over the inputs.
+        dec = estimate_math.activation_bytes(num_layers=model.num_decoder_layers, tokens=rows * length, q=2 * q,
+                                             kv=2 * q + 2 * q * inputs / length, attention_blocks=2,
+                                             scores=heads * (length + inputs), **common)
         device, host = enc[0] + dec[0], enc[1] + dec[1]
     else:
         kv = 2 * model.num_kv_heads * model.head_dim / heads_shards
@@ -158,7 +162,8 @@ def memory_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *, pla
     state = state_bytes_per_device(settings, mesh_shape)
     gradients = state["params"] * (1 if settings.microbatches == 1 else 2)  # + the accumulator
     train_state = state["params"] + state["optimizer_state"] + state["step"]
-    acts = activations_estimate(settings, mesh_shape, attention=attention_kind(settings.model, platform=platform))
+    acts = activations_estimate(settings, mesh_shape, attention=attention_kind(settings.model, platform=platform),
+                                platform=platform)
     return {"method": "arithmetic", **state, "gradients": gradients, "train_state": train_state,
             "state_total": train_state + gradients, **acts,
             "total": train_state + gradients + state["gathered"] + acts["activations"] + acts["logits"]}

@@ -64,7 +64,7 @@ def _memory_rows(mem: Mapping[str, Any], sequence_length: int) -> list[tuple[str
         ("gradients", _bytes(mem["gradients"]), "float32 (x2 with microbatches: the accumulator)"),
         ("state total", _bytes(mem["state_total"]), ""),
         *([("gathered weights", _bytes(mem["gathered"]),
-            "whole weights while in use (FSDP): unscanned ones + the largest gradient, one layer's x2")]
+            "whole weights at the step's peak (FSDP): unscanned ones, the largest twice, or one layer's x2")]
           if mem.get("gathered") else []),
         ("activations (rough)", _bytes(mem["activations"]),
          f"remat {mem['remat_policy']!r}, {mem['rows_per_device']} rows x {sequence_length} tokens, "

@@ -251,5 +251,5 @@ class Decoder(nn.Module):
         else:
             # A small output init makes the initial loss ~ln(vocab): the step-0 check relies on it.
             logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), dtype, kernel_init=LOGITS_INIT,
-                                  use_bias=cfg.use_bias, name="logits")(x)
+                                  use_bias=cfg.use_bias, keep_cast_kernel=True, name="logits")(x)
         return layers.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))

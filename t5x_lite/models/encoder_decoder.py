@@ -221,7 +221,7 @@ class Decoder(nn.Module):
             logits = self.embed.attend(y) / math.sqrt(cfg.emb_dim)
         else:
             logits = layers.Dense((cfg.vocab_size,), ("embed", "vocab"), cfg.compute_dtype,
-                                  kernel_init=LOGITS_INIT, name="logits")(y)
+                                  kernel_init=LOGITS_INIT, keep_cast_kernel=True, name="logits")(y)
         return layers.with_logical_constraint(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 

@@ -25,7 +25,6 @@ DType = Any
 
 param_with_axes = nn_partitioning.param_with_axes
 with_logical_constraint = nn_partitioning.with_sharding_constraint
-
 # The checkpoint_name of every Dense output (remat policies save projections by this name).
 PROJECTION_NAME = "projection"
 
@@ -251,9 +250,11 @@ class Embed(nn.Module):
 class Dense(nn.Module):
     """A projection whose kernel dimensions are named by logical axes.
 
-    `features` may be a tuple (for example (heads, head_dim)); the kernel is
-    [in_features, *features] with `axes` naming each kernel dimension. The optional bias
-    has the output dimensions' axes.
+    `features` may be a tuple (for example (heads, head_dim)); the kernel is [in_features,
+    *features], `axes` naming each kernel dimension; the optional bias has the output's axes.
+    `keep_cast_kernel`: False (layers in a stack) casts the parameter again for the backward
+    pass, where a kept cast copy would be stacked per layer; True (outside the layer loop: the
+    logits) keeps the cast kernel, which under FSDP spares gathering it twice.
     """
 
     features: tuple[int, ...]
@@ -262,6 +263,7 @@ class Dense(nn.Module):
     contract_dims: int = 1
     kernel_init: Any = default_kernel_init
     use_bias: bool = False
+    keep_cast_kernel: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -275,10 +277,13 @@ class Dense(nn.Module):
             return flat.reshape(shape)
 
         kernel = param_with_axes("kernel", init, shape, jnp.float32, axes=self.axes)
-        # Named for the remat policies: `project`'s dot is inside a custom_vjp, which jax's
-        # dot-based policies (dots_with_no_batch_dims_saveable, checkpoint_dots) cannot see.
-        y = checkpoint_name(project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract_dims),
-                            PROJECTION_NAME)
+        if self.keep_cast_kernel:
+            y = project(x.astype(self.dtype), kernel.astype(self.dtype), self.contract_dims)
+        else:  # the stored parameter, not the constrained value: `project` constrains and casts it
+            y = project(x.astype(self.dtype), self.get_variable("params", "kernel"), self.contract_dims,
+                        self.dtype, self.axes)
+        # Named for the remat policies: jax's dot-based ones cannot see into `project`'s custom_vjp.
+        y = checkpoint_name(y, PROJECTION_NAME)
         if self.use_bias:
             bias = param_with_axes("bias", nn.initializers.zeros, tuple(self.features), jnp.float32,
                                    axes=self.axes[self.contract_dims:])

@@ -1,5 +1,6 @@
 """Attention masks, rotary embedding, norms, relative position buckets, MLP and attention."""
 
+import contextlib
 import functools
 import math
 import unittest.mock
@@ -8,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from t5x_lite.models import explicit_attention, layers
 from t5x_lite.models.projection import project
@@ -389,3 +391,54 @@ def test_projection_gradients_equal_autodiff_of_a_plain_dot(contract_dims):
     for got, want in zip(jax.grad(loss(ours), argnums=(0, 1))(x, kernel),
                          jax.grad(loss(plain), argnums=(0, 1))(x, kernel)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_projection_casting_the_kernel_itself_equals_autodiff_of_cast_then_dot():
+    """With `dtype` (and logical axes) the kernel is constrained and cast inside `project`; the
+    output and both gradients equal autodiff of casting the float32 kernel first, bit for bit."""
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((2, 5, 4)), jnp.bfloat16)
+    kernel = jnp.asarray(rng.standard_normal((4, 6)), jnp.float32)
+    weights = jnp.asarray(rng.standard_normal((2, 5, 6)), jnp.float32)
+    loss = lambda f: lambda x, kernel: jnp.sum(f(x, kernel).astype(jnp.float32) * weights)  # noqa: E731
+    ours = lambda x, kernel: project(x, kernel, 1, jnp.bfloat16, ("embed", "mlp"))  # noqa: E731
+    cast_first = lambda x, kernel: project(x, kernel.astype(jnp.bfloat16))  # noqa: E731
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    with mesh, nn.logical_axis_rules((("embed", None), ("mlp", None))):
+        got = jax.jit(jax.value_and_grad(loss(ours), argnums=(0, 1)))(x, kernel)
+    want = jax.jit(jax.value_and_grad(loss(cast_first), argnums=(0, 1)))(x, kernel)
+    assert got[1][1].dtype == jnp.float32
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+
+
+@pytest.mark.parametrize("under_mesh", [False, True])
+def test_scanned_layers_keep_their_parameters_not_cast_copies_for_the_backward_pass(under_mesh, capsys):
+    """Without remat, the backward pass of a scan over bfloat16 layers reads each kernel from the
+    stacked float32 parameters; no bfloat16 (or other) copy of the weights is stacked per layer,
+    also when the logical axis rules constrain the kernels (as under a mesh)."""
+    from t5x_lite.models import stack
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            h = jnp.tanh(layers.Dense(features=(64,), axes=("embed", "mlp"), dtype=jnp.bfloat16)(h))
+            return layers.Dense(features=(32,), axes=("mlp", "embed"), dtype=jnp.bfloat16)(h), None
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return stack.stack_layers(Block, num_layers=3, scan=True, remat="none", num_broadcast=0)()(x)[0]
+
+    model, x = Stack(), _rand(3, (4, 32)).astype(jnp.bfloat16)
+    params = model.init(jax.random.PRNGKey(0), x)
+    loss = lambda p, x: model.apply(p, x).astype(jnp.float32).sum()  # noqa: E731
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
+    with contextlib.ExitStack() as context:
+        if under_mesh:
+            context.enter_context(mesh)
+            context.enter_context(nn.logical_axis_rules((("embed", None), ("mlp", None))))
+        jax.ad_checkpoint.print_saved_residuals(loss, params, x)
+    saved = capsys.readouterr().out.splitlines()
+    weights = [line for line in saved if line.split(" ")[0].endswith(("[3,32,64]", "[3,64,32]"))]
+    assert len(weights) == 2 and all("from the argument p['params']['layers']" in w for w in weights), saved
