@@ -52,10 +52,14 @@ def project(x: Array, kernel: Array, contract_dims: int = 1, dtype: Any = None,
     return jax.lax.dot_general(x, _prepared(kernel, dtype, axes), ((contracted, tuple(range(contract_dims))), ((), ())))
 
 
+def _constrained(a: Array, axes: tuple[str | None, ...] | None) -> Array:
+    """`a` constrained to the kernel's logical axes (as `param_with_axes` constrains a parameter)."""
+    return a if axes is None else nn_partitioning.with_sharding_constraint(a, jax.sharding.PartitionSpec(*axes))
+
+
 def _prepared(kernel: Array, dtype: Any, axes: tuple[str | None, ...] | None) -> Array:
     """The kernel as the dot takes it: constrained to its logical axes, then cast."""
-    if axes is not None:
-        kernel = nn_partitioning.with_sharding_constraint(kernel, jax.sharding.PartitionSpec(*axes))
+    kernel = _constrained(kernel, axes)
     return kernel if dtype is None else kernel.astype(dtype)
 
 
@@ -77,9 +81,7 @@ def _project_bwd(contract_dims: int, dtype: Any, axes, residuals, g: Array):
     # Rounded to the cast dtype and constrained like the kernel, as autodiff of the cast and the
     # constraint would do to the gradient.
     dkernel = jax.lax.dot_general(x, g, ((batch, batch), ((), ()))).astype(prepared.dtype).astype(kernel.dtype)
-    if axes is not None:
-        dkernel = nn_partitioning.with_sharding_constraint(dkernel, jax.sharding.PartitionSpec(*axes))
-    return dx.astype(x.dtype), dkernel
+    return dx.astype(x.dtype), _constrained(dkernel, axes)
 
 
 project.defvjp(_project_fwd, _project_bwd)
