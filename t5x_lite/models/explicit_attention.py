@@ -11,6 +11,11 @@ batched matmul over (batch, head), and the gradient reuses the saved probabiliti
 Autodiff of the XLA implementation transposes the [batch, heads, q, kv] score and
 probability arrays in the backward pass; on CPU those copies cost more than the products
 (docs/benchmarks.md). `layers.attention_implementation('auto')` picks this on CPU.
+
+Grouped-query attention (kv_heads < heads) never repeats k and v: the query heads that share a
+key/value head are stacked along the query length ([batch, kv_heads, groups * q, head_dim], a
+reshape that moves no data), so each product runs once per key/value head, dV and dK sum over
+the group inside their matmuls, and the backward pass keeps k and v as they came.
 """
 
 from __future__ import annotations
@@ -33,37 +38,56 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     `mask` (bool, True = attend) and `bias` broadcast to [batch, heads, q_len, kv_len];
     `is_causal` adds the causal mask. kv_heads must divide heads (grouped-query attention).
     """
-    heads, kv_heads = q.shape[2], k.shape[2]
+    batch, q_len, heads, head_dim = q.shape
+    kv_heads = k.shape[2]
     if heads % kv_heads:
         raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads}).")
-    if kv_heads != heads:  # grouped-query: each k/v head serves heads // kv_heads query heads
-        k = jnp.repeat(k, heads // kv_heads, axis=2)
-        v = jnp.repeat(v, heads // kv_heads, axis=2)
     if is_causal:
-        causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), jnp.bool_))
+        causal = jnp.tril(jnp.ones((q_len, k.shape[1]), jnp.bool_))
         mask = causal if mask is None else mask & causal
     mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scale = head_dim ** -0.5 if scale is None else scale
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, l, n, h] <-> [b, n, l, h]
-    return heads_first(_attention(heads_first(q), heads_first(k), heads_first(v), mask, bias, float(scale)))
+    # Query heads i * groups ... (i + 1) * groups - 1 share key/value head i: [b, kv_heads, groups * q_len, h].
+    groups = heads // kv_heads
+    q = heads_first(q).reshape(batch, kv_heads, groups * q_len, head_dim)
+    out = _attention(q, heads_first(k), heads_first(v), _per_group(mask, groups), _per_group(bias, groups),
+                     float(scale), groups)
+    return heads_first(out.reshape(batch, heads, q_len, head_dim))
 
 
-def _forward(q, k, v, mask, bias, scale):
+def _per_group(x: Array, groups: int) -> Array:
+    """[B, heads or 1, q, kv] -> [B, kv_heads or 1, groups or 1, q, kv]: the scores' grouped view.
+
+    Multi-head attention (one query head per key/value head) keeps the 4-D arrays as they are."""
+    if groups == 1:
+        return x
+    heads = x.shape[1]
+    return x.reshape(x.shape[:1] + ((heads // groups, groups) if heads > 1 else (1, 1)) + x.shape[2:])
+
+
+def _grouped(scores: Array, groups: int) -> Array:
+    """[b, kv_heads, groups * q, kv] viewed as [b, kv_heads, groups, q, kv] (a reshape; none without groups)."""
+    b, kv_heads, rows, kv = scores.shape
+    return scores if groups == 1 else scores.reshape(b, kv_heads, groups, rows // groups, kv)
+
+
+def _forward(q, k, v, mask, bias, scale, groups):
     scores = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask, scores + bias.astype(jnp.float32), _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)
+    scores = jnp.where(mask, _grouped(scores, groups) + bias.astype(jnp.float32), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).reshape(q.shape[:3] + k.shape[2:3])
     out = jnp.einsum("bnts,bnsh->bnth", probs.astype(v.dtype), v)
     return out, probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, mask, bias, scale):
-    return _forward(q, k, v, mask, bias, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, mask, bias, scale, groups):
+    return _forward(q, k, v, mask, bias, scale, groups)[0]
 
 
-def _attention_fwd(q, k, v, mask, bias, scale):
-    out, probs = _forward(q, k, v, mask, bias, scale)
+def _attention_fwd(q, k, v, mask, bias, scale, groups):
+    out, probs = _forward(q, k, v, mask, bias, scale, groups)
     return out, (q, k, v, mask, bias, probs)
 
 
@@ -73,7 +97,7 @@ def _sum_to(x: Array, shape: tuple[int, ...]) -> Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _attention_bwd(scale, residuals, d_out):
+def _attention_bwd(scale, groups, residuals, d_out):
     q, k, v, mask, bias, probs = residuals
     d_probs = jnp.einsum("bnth,bnsh->bnts", d_out, v, preferred_element_type=jnp.float32)
     dv = jnp.einsum("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out)
@@ -81,7 +105,7 @@ def _attention_bwd(scale, residuals, d_out):
     ds = (d_scores * scale).astype(q.dtype)
     dq = jnp.einsum("bnts,bnsh->bnth", ds, k)
     dk = jnp.einsum("bnts,bnth->bnsh", ds, q)
-    d_bias = _sum_to(d_scores, bias.shape).astype(bias.dtype)
+    d_bias = _sum_to(_grouped(d_scores, groups), bias.shape).astype(bias.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, d_bias
 
 

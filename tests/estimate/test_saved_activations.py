@@ -43,10 +43,12 @@ def _stack_arithmetic(policy: str, *, tokens: int, **layer) -> float:
             - estimate_math.activation_bytes(num_layers=0, **args)[0])
 
 
-@pytest.mark.parametrize("activations", [("silu", "linear"), ("gelu",)])
+@pytest.mark.parametrize("activations,kv_heads", [(("silu", "linear"), HEADS), (("gelu",), HEADS),
+                                                  (("silu", "linear"), 2), (("silu", "linear"), 1)])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_decoder_layers_save_what_the_estimate_counts(policy, activations):
-    cfg = decoder_only.DecoderConfig(vocab_size=64, emb_dim=WIDTH, num_heads=HEADS, num_kv_heads=HEADS,
+def test_decoder_layers_save_what_the_estimate_counts(policy, activations, kv_heads):
+    """Grouped-query heads too: the attention keeps each key and value head once, not per query head."""
+    cfg = decoder_only.DecoderConfig(vocab_size=64, emb_dim=WIDTH, num_heads=HEADS, num_kv_heads=kv_heads,
                                      head_dim=HEAD_DIM, mlp_dim=MLP, num_layers=LAYERS, max_len=LENGTH,
                                      dtype="bfloat16", remat_policy=policy, mlp_activations=activations,
                                      attention_implementation="explicit")
@@ -54,8 +56,8 @@ def test_decoder_layers_save_what_the_estimate_counts(policy, activations):
     params = model.init(jax.random.PRNGKey(0), tokens)["params"]
     saved = _stacked_bytes(lambda p: model.apply({"params": p}, tokens).sum(), params)
     q = HEADS * HEAD_DIM
-    want = _stack_arithmetic(policy, tokens=ROWS * LENGTH, q=q, kv=2 * q, n_mlp_in=len(activations),
-                             scores=HEADS * LENGTH)
+    want = _stack_arithmetic(policy, tokens=ROWS * LENGTH, q=q, kv=2 * kv_heads * HEAD_DIM,
+                             n_mlp_in=len(activations), scores=HEADS * LENGTH)
     assert saved == want
 
 

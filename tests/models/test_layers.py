@@ -371,6 +371,31 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_and_queries(kv_heads):
+    """Grouped-query heads stack along the query length: a padding mask with one query row, a bias
+    shared by every head, and the bias's gradient summed to its shape, as autodiff of the XLA math."""
+    rng = np.random.default_rng(3)
+    batch, length, heads, head_dim = 2, 6, 4, 8
+    q = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, 1, length, length)), jnp.float32)
+    mask = jnp.asarray([[True] * 4 + [False] * 2, [True] * 6])[:, None, None, :]  # [batch, 1, 1, kv]
+    weights = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+
+    def loss(attend, q, k, v, bias):
+        return jnp.sum(attend(q, k, v, bias=bias, mask=mask, is_causal=True) * weights)
+
+    xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
+    args = (q, k, v, bias)
+    np.testing.assert_allclose(float(loss(explicit_attention.dot_product_attention, *args)), float(loss(xla, *args)),
+                               rtol=1e-5)
+    for got, want in zip(jax.grad(loss, argnums=(1, 2, 3, 4))(explicit_attention.dot_product_attention, *args),
+                         jax.grad(loss, argnums=(1, 2, 3, 4))(xla, *args)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("contract_dims", [1, 2])
 def test_projection_gradients_equal_autodiff_of_a_plain_dot(contract_dims):
     """`project`'s written-out backward pass (kernel gradient as dot(x, g)) equals JAX's own."""
