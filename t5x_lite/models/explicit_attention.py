@@ -47,6 +47,9 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
         mask = causal if mask is None else mask & causal
     mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
     bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    for name, x in (("mask", mask), ("bias", bias)):
+        if x.shape[1] not in (1, heads):
+            raise ValueError(f"The attention {name}'s heads dimension is {x.shape[1]}: it must be 1 or {heads}.")
     scale = head_dim ** -0.5 if scale is None else scale
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, l, n, h] <-> [b, n, l, h]
     # Query heads i * groups ... (i + 1) * groups - 1 share key/value head i: [b, kv_heads, groups * q_len, h].

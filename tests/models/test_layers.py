@@ -394,6 +394,9 @@ def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_
                          jax.grad(loss, argnums=(1, 2, 3, 4))(xla, *args)):
         assert got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    # A bias per key/value head is not one per query head: refused, not broadcast over the groups.
+    with pytest.raises(ValueError, match="heads dimension is 2: it must be 1 or 4"):
+        explicit_attention.dot_product_attention(q, k, v, bias=jnp.zeros((1, 2, length, length)))
 
 
 @pytest.mark.parametrize("contract_dims", [1, 2])
