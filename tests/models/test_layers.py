@@ -355,19 +355,25 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
     bias = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32) if with_bias else None
     segments = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
     mask = layers.make_bidirectional_mask(segments, segments)
-    weights = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, scale=0.3, is_causal=is_causal)
+
+
+def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, **kwargs):
+    """The explicit attention's value and its gradients for q, k, v (and the bias) equal autodiff of
+    jax.nn.dot_product_attention's XLA math, under a random weighting of the output."""
+    weights = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
 
     def loss(attend, q, k, v, bias):
-        out = attend(q, k, v, bias=bias, mask=mask, scale=0.3, is_causal=is_causal)
-        return jnp.sum(out * weights)
+        return jnp.sum(attend(q, k, v, bias=bias, **kwargs) * weights)
 
     xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
     explicit = explicit_attention.dot_product_attention
     args = (q, k, v, bias)
-    argnums = (1, 2, 3, 4) if with_bias else (1, 2, 3)  # q, k, v (and the bias) after `attend`
+    argnums = (1, 2, 3) if bias is None else (1, 2, 3, 4)  # q, k, v (and the bias) after `attend`
     np.testing.assert_allclose(float(loss(explicit, *args)), float(loss(xla, *args)), rtol=1e-5)
     for got, want in zip(jax.grad(loss, argnums=argnums)(explicit, *args),
                          jax.grad(loss, argnums=argnums)(xla, *args)):
+        assert got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
@@ -381,19 +387,7 @@ def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_
     k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, 1, length, length)), jnp.float32)
     mask = jnp.asarray([[True] * 4 + [False] * 2, [True] * 6])[:, None, None, :]  # [batch, 1, 1, kv]
-    weights = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
-
-    def loss(attend, q, k, v, bias):
-        return jnp.sum(attend(q, k, v, bias=bias, mask=mask, is_causal=True) * weights)
-
-    xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
-    args = (q, k, v, bias)
-    np.testing.assert_allclose(float(loss(explicit_attention.dot_product_attention, *args)), float(loss(xla, *args)),
-                               rtol=1e-5)
-    for got, want in zip(jax.grad(loss, argnums=(1, 2, 3, 4))(explicit_attention.dot_product_attention, *args),
-                         jax.grad(loss, argnums=(1, 2, 3, 4))(xla, *args)):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, is_causal=True)
     # A bias per key/value head is not one per query head: refused, not broadcast over the groups.
     with pytest.raises(ValueError, match="heads dimension is 2: it must be 1 or 4"):
         explicit_attention.dot_product_attention(q, k, v, bias=jnp.zeros((1, 2, length, length)))
