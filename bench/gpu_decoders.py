@@ -10,8 +10,11 @@ step is the jitted Trainer train step, compiled ahead of time (jax.jit(...).lowe
 
 Attention is `jax.nn.dot_product_attention` with the model's attention_implementation
 (--attention, default 'auto': cuDNN flash attention on GPUs in bf16); the `attention kernel`
-column says whether the lowered step really calls cuDNN fused attention. Rows are packed
-like pretraining's (--packed_segments segments per row, with segment ids and positions).
+column says whether the lowered step really calls cuDNN fused attention, and whether a dense
+mask reaches it as a bias. Rows are packed
+like pretraining's (--packed_segments segments per row, with segment ids and positions);
+--cudnn_segments N passes them to cuDNN as segment offsets and lengths instead of a dense mask
+(DecoderConfig.cudnn_segments_per_row).
 
 --quick is a GPU smoke test (decoder_125m only, few steps). On CPU the script refuses to run
 unless --allow_cpu, which shrinks every model to a tiny stand-in with the same code path, to
@@ -32,7 +35,7 @@ from t5x_lite.training import trainer as trainer_lib
 DEFAULTS = {"models": "decoder_125m,decoder_350m,decoder_760m,decoder_1_3b",
             "policies": "none,minimal,save_qkv_proj,full", "seq_len": 2048, "batch_size": 8, "vocab_size": None,
             "warmup_steps": 2, "steps": 10, "windows": 3, "peak_flops": 989e12, "attention": "auto",
-            "packed_segments": 4, "scan_layers": None, "scan_unroll": None,
+            "packed_segments": 4, "cudnn_segments": None, "scan_layers": None, "scan_unroll": None,
             "memory_limit_gib": None, "allow_cpu": False}
 QUICK = {"models": "decoder_125m", "warmup_steps": 1, "steps": 3, "windows": 1}  # a GPU smoke test
 # --allow_cpu: every model shrinks to these sizes (its other switches are kept).
@@ -54,6 +57,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--packed_segments", type=int,
                         help="segments packed into each row, with segment ids and positions as pretraining "
                              "feeds them (default 4); 0: one unpacked example per row")
+    parser.add_argument("--cudnn_segments", type=int,
+                        help="DecoderConfig.cudnn_segments_per_row: packed rows reach cuDNN as segment offsets "
+                             "and lengths, up to this many per row (default: the gin file's, None: a dense mask)")
     parser.add_argument("--scan_layers", type=int, choices=(0, 1),
                         help="1: layers stacked by scan, 0: unrolled (default: the gin file's, scanned)")
     parser.add_argument("--scan_unroll", type=int,
@@ -83,6 +89,8 @@ def model_config(name: str, policy: str, s: dict):
         sizes["scan_layers"] = bool(s["scan_layers"])
     if s["scan_unroll"] is not None:
         sizes["scan_unroll"] = s["scan_unroll"]
+    if s.get("cudnn_segments") is not None:
+        sizes["cudnn_segments_per_row"] = s["cudnn_segments"]
     return dataclasses.replace(cfg, **sizes, dtype="bfloat16", remat_policy=policy,
                                max_len=max(cfg.max_len, s["seq_len"]), attention_implementation=s["attention"])
 
@@ -106,7 +114,10 @@ def attempt(name: str, policy: str, s: dict, limit: float | None) -> dict:
     if limit and predicted > limit:
         return {"skipped": f"predicted {common.fmt_bytes(predicted)} > limit {common.fmt_bytes(limit)}"}
     # jax lowers implementation='cudnn' to a cuDNN custom call, which XLA then must run.
-    kernel = "cuDNN fused" if CUDNN_FMHA in step.lowered.as_text() else "XLA (unfused)"
+    text = step.lowered.as_text()
+    kernel = "XLA (unfused)"
+    if CUDNN_FMHA in text:  # a dense mask reaches cuDNN as a bias: its ScaleBias kernels
+        kernel = "cuDNN fused, mask as bias" if CUDNN_FMHA + "ScaleBias" in text else "cuDNN fused"
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
     batch = common.global_batch(trainer, batch)
     rng = trainer.replicated(jax.random.PRNGKey(1))

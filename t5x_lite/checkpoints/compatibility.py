@@ -82,7 +82,7 @@ def check_compatible(saved: dict, current: dict, *, model_dir: str) -> None:
     current_model = _with_defaults(current.get("family"), current.get("model", {}))
     # Fields that change the parameter tree; switches like remat do not.
     keys = sorted(set(saved_model) | set(current_model))
-    switches = ("dtype", "remat_policy", "dropout_rate", "scan_layers", "scan_unroll")
+    switches = ("dtype", "remat_policy", "dropout_rate", "scan_layers", "scan_unroll", "cudnn_segments_per_row")
     shape_fields = [k for k in keys if k not in switches]
     diffs = [f"{k}: checkpoint {saved_model.get(k)!r} vs config {current_model.get(k)!r}"
              for k in shape_fields if saved_model.get(k) != current_model.get(k)]

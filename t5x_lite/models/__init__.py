@@ -5,9 +5,12 @@ Owns:
                          options of Mistral (sliding window), Qwen2 (q/k/v biases) and Gemma
   encoder_decoder.py     `T5Config` and `EncoderDecoder`: T5 v1.1
   config_base.py         what both config dataclasses share: dtype, validation helpers, a dict form
-  layers.py              masks (sliding windows too), RoPE, relative position buckets, norms, `Embed`,
-                         `Dense`, attention, MLP; every parameter named by logical axes
+  layers.py              RoPE, relative position buckets, norms, `Embed`, `Dense`, attention, MLP;
+                         every parameter named by logical axes
+  masks.py               attention masks: causal, packed segments, prefix LM, sliding windows
   explicit_attention.py  softmax attention with a written-out backward pass ('explicit', CPU)
+  packed_attention.py    causal attention over packed rows on cuDNN's packed layout (segment
+                         offsets and lengths instead of a dense mask)
   projection.py          every dense layer's dot, with a written-out backward pass
   stack.py               layer stacking (`scan_with_axes` or a loop) and remat policies by name
   losses.py              cross entropy with z-loss and label smoothing, as sums plus token counts

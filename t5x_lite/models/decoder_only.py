@@ -19,7 +19,7 @@ import numpy as np
 from flax import linen as nn
 
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.models import layers, stack
+from t5x_lite.models import layers, masks, stack
 from t5x_lite.models.config_base import ModelConfigBase, check_choice
 
 Array = jax.Array
@@ -64,6 +64,12 @@ class DecoderConfig(ModelConfigBase):
         written-out backward pass, models/explicit_attention.py).
       sliding_window: each position attends only to the last `sliding_window` positions, itself
         included, in training and in cached decoding (Mistral); None: every earlier position.
+      cudnn_segments_per_row: with cuDNN attention, packed rows (segment ids) reach the kernel as
+        each segment's offset and length (models/packed_attention.py; faster: docs/benchmarks.md,
+        GPU section) instead of as a dense mask; the most segments one row may hold, a padding
+        tail counting as one. A row holding more makes the step's loss
+        NaN (the step is not applied), never a wrong result. None: the dense mask. No effect on
+        other implementations, with a sliding window, or on prefix-LM rows.
       qkv_bias: biases in the query, key and value projections only (Qwen2); `use_bias` puts
         them in every projection.
       scale_embeddings: multiply the token embeddings by sqrt(emb_dim), rounded to the compute
@@ -92,6 +98,7 @@ class DecoderConfig(ModelConfigBase):
     tie_embeddings: bool = False
     attention_implementation: str = "auto"
     sliding_window: int | None = None
+    cudnn_segments_per_row: int | None = None
     qkv_bias: bool = False
     scale_embeddings: bool = False
 
@@ -109,6 +116,10 @@ class DecoderConfig(ModelConfigBase):
         window = self.sliding_window
         if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
             raise ConfigValueError(f"DecoderConfig.sliding_window={window!r} must be a positive integer or None.")
+        segments = self.cudnn_segments_per_row
+        if segments is not None and not (isinstance(segments, int) and not isinstance(segments, bool) and segments >= 1):
+            raise ConfigValueError(f"DecoderConfig.cudnn_segments_per_row={segments!r} must be a positive integer "
+                                   "or None (None: packed segments reach cuDNN as a dense mask).")
 
     def make_module(self) -> nn.Module:
         return Decoder(self)
@@ -159,7 +170,7 @@ class DecoderBlock(nn.Module):
     decode: bool = False
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None, positions: Array):
+    def __call__(self, x: Array, mask: Array | None, positions: Array, segment_ids: Array | None):
         cfg = self.config
         dtype = cfg.compute_dtype
         norm = layers.norm_class(cfg.norm, cfg.norm_epsilon)
@@ -172,7 +183,8 @@ class DecoderBlock(nn.Module):
                              qkv_bias=cfg.qkv_bias, sliding_window=cfg.sliding_window,
                              is_causal=self.is_causal, implementation=implementation,
                              kv_cache="append" if self.decode else "none",
-                             name="attention")(h, h, mask, q_positions=positions, kv_positions=positions)
+                             cudnn_segments_per_row=cfg.cudnn_segments_per_row, name="attention",
+                             )(h, h, mask, q_positions=positions, kv_positions=positions, segment_ids=segment_ids)
         x = x + nn.Dropout(cfg.dropout_rate)(h, deterministic=self.deterministic)
         h = norm(dtype=dtype, name="mlp_norm")(x)
         h = layers.MLP(cfg.mlp_dim, cfg.mlp_activations, dtype, use_bias=cfg.use_bias, name="mlp")(h)
@@ -219,6 +231,9 @@ class Decoder(nn.Module):
         # Causality comes from the attention's is_causal; the mask only keeps packed examples apart.
         # A prefix LM's mask is not causal within the prefix, so it carries causality itself.
         is_causal = decoder_causal_attention is None
+        implementation = layers.attention_implementation(cfg.attention_implementation, dtype, cfg.head_dim)
+        packed = (cfg.cudnn_segments_per_row is not None and implementation == "cudnn" and is_causal and not decode
+                  and cfg.sliding_window is None and decoder_segment_ids is not None)
         mask = None
         if decode:
             if not is_causal or decoder_segment_ids is not None:
@@ -227,9 +242,9 @@ class Decoder(nn.Module):
             if cache_mask is not None:
                 mask = cache_mask[:, None, None, :]
         elif not is_causal:
-            mask = layers.make_prefix_lm_mask(decoder_causal_attention, decoder_segment_ids)
-        elif decoder_segment_ids is not None:
-            mask = layers.make_bidirectional_mask(decoder_segment_ids, decoder_segment_ids)
+            mask = masks.make_prefix_lm_mask(decoder_causal_attention, decoder_segment_ids)
+        elif decoder_segment_ids is not None and not packed:
+            mask = masks.make_bidirectional_mask(decoder_segment_ids, decoder_segment_ids)
 
         gpt2_init = cfg.tie_embeddings or cfg.position_embedding == "learned"
         embed = layers.Embed(cfg.vocab_size, cfg.emb_dim, dtype, stddev=GPT2_EMBED_STDDEV if gpt2_init else 1.0,
@@ -243,8 +258,9 @@ class Decoder(nn.Module):
                                  axes=("positions", "embed"), name="position_embed")(positions)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
-                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=2)
-        x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions)
+                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=3)
+        segment_ids = decoder_segment_ids if packed else None  # packed_attention.py, in place of the mask
+        x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions, segment_ids)
         x = layers.norm_class(cfg.norm, cfg.norm_epsilon)(dtype=dtype, name="final_norm")(x)
         if cfg.tie_embeddings:
             logits = embed.attend(x)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from t5x_lite.models import layers, stack
+from t5x_lite.models import layers, masks, stack
 from t5x_lite.models.config_base import ModelConfigBase
 from t5x_lite.models.decoder_only import LOGITS_INIT
 
@@ -181,7 +181,7 @@ class Encoder(nn.Module):
         dropout = lambda h: nn.Dropout(cfg.dropout_rate)(h, deterministic=deterministic)  # noqa: E731
         x = dropout(self.embed(tokens))
         bias = _relative_bias(cfg, tokens.shape[-1], bidirectional=True)
-        mask = layers.make_bidirectional_mask(segment_ids, segment_ids)
+        mask = masks.make_bidirectional_mask(segment_ids, segment_ids)
         blocks = stack.stack_layers(EncoderBlock, num_layers=cfg.num_encoder_layers, scan=cfg.scan_layers,
                                     unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic)(x, mask, bias)
@@ -210,9 +210,9 @@ class Decoder(nn.Module):
                 raise ValueError("decode=True needs max_decode_length, the length of the KV cache.")
             self_mask, length = None, max_decode_length
         else:
-            self_mask, length = layers.make_attention_mask(segment_ids), tokens.shape[-1]
+            self_mask, length = masks.make_attention_mask(segment_ids), tokens.shape[-1]
         bias = _relative_bias(cfg, length, bidirectional=False)
-        cross_mask = layers.make_bidirectional_mask(segment_ids, encoder_segment_ids)
+        cross_mask = masks.make_bidirectional_mask(segment_ids, encoder_segment_ids)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_decoder_layers, scan=cfg.scan_layers,
                                     unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=4)
         y, _ = blocks(cfg, deterministic, decode)(y, encoded, self_mask, cross_mask, bias)

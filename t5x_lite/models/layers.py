@@ -17,7 +17,7 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 from jax.ad_checkpoint import checkpoint_name
 
-from t5x_lite.models import explicit_attention
+from t5x_lite.models import explicit_attention, masks, packed_attention
 from t5x_lite.models.projection import project
 
 Array = jax.Array
@@ -30,53 +30,6 @@ PROJECTION_NAME = "projection"
 
 # Fan-in scaled initialiser for projections: activations keep unit variance at init.
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
-
-
-def make_attention_mask(segment_ids: Array) -> Array:
-    """Causal mask that also keeps packed sequences apart: [batch, 1, q_len, kv_len] bool.
-
-    Position i may attend to j when j <= i and both tokens belong to the same segment.
-    Padding (segment 0) attends only to padding, so every row has at least one True.
-    """
-    length = segment_ids.shape[-1]
-    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
-    same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return (causal[None] & same_segment)[:, None]
-
-
-def make_prefix_lm_mask(causal_attention: Array, segment_ids: Array | None = None) -> Array:
-    """Prefix-LM self-attention mask: [batch, 1, q_len, kv_len] bool.
-
-    `causal_attention` is seqio's `decoder_causal_attention` [batch, length]: 1 on the prefix
-    (the inputs and the first target position, whose input token is the prefix's last).
-    Position i may attend to j when j <= i, or when both are in the prefix (the prefix sees
-    itself bidirectionally); with packing, only within the same segment.
-    """
-    length = causal_attention.shape[-1]
-    causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None]
-    prefix = causal_attention.astype(jnp.bool_)
-    mask = causal | (prefix[:, :, None] & prefix[:, None, :])
-    if segment_ids is not None:
-        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :])
-    return mask[:, None]
-
-
-def make_bidirectional_mask(q_segment_ids: Array, kv_segment_ids: Array) -> Array:
-    """Encoder and cross-attention mask: [batch, 1, q_len, kv_len] bool, same segment only.
-
-    Segment 0 marks padding; like the causal mask, padding attends only to padding.
-    """
-    return (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])[:, None]
-
-
-def sliding_window_mask(q_slots: Array, kv_len: int, window: int) -> Array:
-    """[q_len, kv_len] bool: the query in slot i may see key slot j when i - j < window (itself and
-    the window - 1 slots before it); whether later slots are seen is left to the causal mask.
-
-    Slots are indices in the row (or the KV cache); with packing or left padding, within one
-    segment their differences equal the differences of positions.
-    """
-    return (q_slots[:, None] - jnp.arange(kv_len)[None, :]) < window
 
 
 def relative_position_bucket(relative_position: Array, *, bidirectional: bool, num_buckets: int,
@@ -342,6 +295,8 @@ class Attention(nn.Module):
       is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
         to keep packed segments apart).
       implementation: 'explicit', or passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
+      cudnn_segments_per_row: the most segments a packed row holds when a call passes
+        `segment_ids` (packed_attention.py: cuDNN's packed layout instead of a dense mask).
       kv_cache: decoding only ('none' for training). 'append' (causal self-attention): keys and
         values live in the 'cache' collection (`cached_key`, `cached_value`: [batch, cache_length,
         kv_heads, head_dim] in the compute dtype, and `cache_index`); a call with n new tokens
@@ -364,13 +319,20 @@ class Attention(nn.Module):
     kv_cache: str = "none"
     qkv_bias: bool = False
     sliding_window: int | None = None
+    cudnn_segments_per_row: int | None = None
 
     @nn.compact
     def __call__(self, inputs_q: Array, inputs_kv: Array | None, mask: Array | None, *,
                  q_positions: Array | None = None, kv_positions: Array | None = None,
-                 bias: Array | None = None) -> Array:
+                 bias: Array | None = None, segment_ids: Array | None = None) -> Array:
         """In 'append' mode `mask` and `bias` span every cache slot as a key ([..., cache_length]);
-        `bias` also spans every slot as a query (the rows of the new tokens are sliced out)."""
+        `bias` also spans every slot as a query (the rows of the new tokens are sliced out).
+        `segment_ids` [batch, length] (cuDNN, causal self-attention, no mask, bias or window) keep
+        packed segments apart on cuDNN's packed layout."""
+        packed_ok = (self.implementation, self.is_causal, self.kv_cache, self.sliding_window) == ("cudnn", True, "none", None)
+        if segment_ids is not None and (mask is not None or bias is not None or not packed_ok):
+            raise ValueError("segment_ids take cuDNN's packed layout: implementation 'cudnn', causal self-attention "
+                             "without a mask, bias, cache or sliding window.")
         query_init = default_kernel_init
         if self.fold_scale_into_query:
             query_init = nn.initializers.variance_scaling(1.0 / self.head_dim, "fan_in", "truncated_normal")
@@ -404,10 +366,13 @@ class Attention(nn.Module):
             if is_causal and self.implementation != "explicit":
                 window = {"local_window_size": (self.sliding_window - 1, 0)}  # cuDNN: its sliding-window kernel
             else:
-                visible = sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)[None, None]
+                visible = masks.sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)[None, None]
                 mask = visible if mask is None else mask & visible
         scale = 1.0 if self.fold_scale_into_query else None
-        if self.implementation == "explicit":
+        if segment_ids is not None:
+            out = packed_attention.causal_packed_attention(q, k, v, segment_ids, scale=scale,
+                                                           max_segments=self.cudnn_segments_per_row)
+        elif self.implementation == "explicit":
             out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
                                                            is_causal=is_causal)
         else:
@@ -439,7 +404,7 @@ class Attention(nn.Module):
         q_slots = start + jnp.arange(new)
         visible = slots[None, :] <= q_slots[:, None]
         if self.sliding_window is not None:
-            visible = visible & sliding_window_mask(q_slots, slots.size, self.sliding_window)
+            visible = visible & masks.sliding_window_mask(q_slots, slots.size, self.sliding_window)
         visible = visible[None, None]
         mask = visible if mask is None else mask & visible
         if bias is not None:

@@ -12,7 +12,7 @@ import pytest
 from t5x_lite.data import builtin_tasks
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.models import decoder_only, layers
+from t5x_lite.models import decoder_only, masks
 from tests.cli_helpers import TINY_MODEL, losses, run_cli
 
 CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -21,7 +21,7 @@ CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_
 
 def test_prefix_lm_mask_by_hand():
     # One row, prefix of 3 positions (seqio's decoder_causal_attention), no packing.
-    mask = np.asarray(layers.make_prefix_lm_mask(jnp.asarray([[1, 1, 1, 0, 0]])))
+    mask = np.asarray(masks.make_prefix_lm_mask(jnp.asarray([[1, 1, 1, 0, 0]])))
     expected = np.array([[1, 1, 1, 0, 0],
                          [1, 1, 1, 0, 0],
                          [1, 1, 1, 0, 0],
@@ -35,7 +35,7 @@ def test_prefix_lm_mask_packed_by_hand():
     # Two packed examples (prefixes of 2 and 1 positions) and a padding position.
     causal_attention = jnp.asarray([[1, 1, 0, 1, 0, 0]])
     segments = jnp.asarray([[1, 1, 1, 2, 2, 0]])
-    mask = np.asarray(layers.make_prefix_lm_mask(causal_attention, segments))
+    mask = np.asarray(masks.make_prefix_lm_mask(causal_attention, segments))
     expected = np.array([[1, 1, 0, 0, 0, 0],
                          [1, 1, 0, 0, 0, 0],
                          [1, 1, 1, 0, 0, 0],
@@ -44,8 +44,8 @@ def test_prefix_lm_mask_packed_by_hand():
                          [0, 0, 0, 0, 0, 1]], bool)
     np.testing.assert_array_equal(mask[0, 0], expected)
     # Without a prefix it is the causal, segment-separating mask.
-    np.testing.assert_array_equal(np.asarray(layers.make_prefix_lm_mask(jnp.zeros_like(segments), segments)),
-                                  np.asarray(layers.make_attention_mask(segments)))
+    np.testing.assert_array_equal(np.asarray(masks.make_prefix_lm_mask(jnp.zeros_like(segments), segments)),
+                                  np.asarray(masks.make_attention_mask(segments)))
 
 
 @pytest.fixture(scope="module")

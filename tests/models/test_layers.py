@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from t5x_lite.models import explicit_attention, layers
+from t5x_lite.models import explicit_attention, layers, masks
 from t5x_lite.models.projection import project
 
 
@@ -25,7 +25,7 @@ def _reference_mask(segments):
 
 
 def test_attention_mask_causal_without_packing():
-    mask = np.asarray(layers.make_attention_mask(jnp.ones((2, 5), jnp.int32)))
+    mask = np.asarray(masks.make_attention_mask(jnp.ones((2, 5), jnp.int32)))
     assert mask.shape == (2, 1, 5, 5) and mask.dtype == np.bool_
     np.testing.assert_array_equal(mask[0, 0], np.tril(np.ones((5, 5), bool)))
     np.testing.assert_array_equal(mask[1, 0], np.tril(np.ones((5, 5), bool)))
@@ -33,7 +33,7 @@ def test_attention_mask_causal_without_packing():
 
 def test_attention_mask_keeps_packed_segments_apart():
     rows = [[1, 1, 2, 2, 2, 0, 0], [1, 2, 3, 3, 3, 3, 0], [1, 1, 1, 1, 1, 1, 1]]
-    mask = np.asarray(layers.make_attention_mask(jnp.asarray(rows, jnp.int32)))
+    mask = np.asarray(masks.make_attention_mask(jnp.asarray(rows, jnp.int32)))
     assert mask.shape == (3, 1, 7, 7)
     for b, row in enumerate(rows):
         np.testing.assert_array_equal(mask[b, 0], _reference_mask(row))
@@ -311,7 +311,7 @@ def test_attention_is_causal_adds_the_causal_mask_to_the_segment_mask():
     heads, head_dim, emb, length = 2, 8, 8, 6
     x = _rand(10, (2, length, emb))
     segments = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], jnp.int32)
-    segment_mask = layers.make_bidirectional_mask(segments, segments)
+    segment_mask = masks.make_bidirectional_mask(segments, segments)
     bias = np.zeros((1, heads, length, length), np.float32)
     causal = layers.Attention(heads, heads, head_dim, use_rope=False, is_causal=True)
     params = jax.jit(lambda: causal.init(jax.random.PRNGKey(4), x, x, segment_mask))()["params"]
@@ -322,7 +322,7 @@ def test_attention_is_causal_adds_the_causal_mask_to_the_segment_mask():
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
     # Same as passing the full causal-and-segment mask without is_causal; different from no causality.
     plain = layers.Attention(heads, heads, head_dim, use_rope=False)
-    full_mask = layers.make_attention_mask(segments)
+    full_mask = masks.make_attention_mask(segments)
     run_plain = jax.jit(lambda p, mask: plain.apply({"params": p}, x, x, mask))
     np.testing.assert_allclose(np.asarray(run_plain(params, full_mask)), got, rtol=1e-5, atol=1e-6)
     assert not np.allclose(np.asarray(run_plain(params, segment_mask)), got, atol=1e-3)
@@ -354,7 +354,7 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
     v = jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32)
     bias = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32) if with_bias else None
     segments = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
-    mask = layers.make_bidirectional_mask(segments, segments)
+    mask = masks.make_bidirectional_mask(segments, segments)
     _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, scale=0.3, is_causal=is_causal)
 
 

@@ -225,7 +225,7 @@ def test_unknown_remat_policy_raises_naming_valid_ones():
     for name in stack.REMAT_POLICIES:
         assert name in message
     with pytest.raises(ValueError, match="none"):
-        stack.stack_layers(decoder_only.DecoderBlock, num_layers=2, scan=True, remat="bogus", num_broadcast=2)
+        stack.stack_layers(decoder_only.DecoderBlock, num_layers=2, scan=True, remat="bogus", num_broadcast=3)
 
 
 def test_bfloat16_keeps_float32_params_and_runs():
