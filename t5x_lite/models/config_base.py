@@ -64,6 +64,10 @@ class ModelConfigBase:
         if not self.dropout_rate < 1:
             raise ConfigValueError(f"{name}.dropout_rate={self.dropout_rate!r} must be in [0, 1).")
 
+    def check_batch(self, batch: Any) -> None:
+        """Refuses a host batch (a mapping of numpy arrays) this model cannot run as configured;
+        the train loop calls it before each step. Nothing to refuse unless a family says so."""
+
     @property
     def compute_dtype(self) -> Any:
         return jnp.dtype(self.dtype)

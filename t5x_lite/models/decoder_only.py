@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ import numpy as np
 from flax import linen as nn
 
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.models import layers, masks, stack
+from t5x_lite.models import layers, masks, packed_attention, stack
 from t5x_lite.models.config_base import ModelConfigBase, check_choice
 
 Array = jax.Array
@@ -67,9 +68,9 @@ class DecoderConfig(ModelConfigBase):
       cudnn_segments_per_row: with cuDNN attention, packed rows (segment ids) reach the kernel as
         each segment's offset and length (models/packed_attention.py; faster: docs/benchmarks.md,
         GPU section) instead of as a dense mask; the most segments one row may hold, a padding
-        tail counting as one. A row holding more makes the step's loss
-        NaN (the step is not applied), never a wrong result. None: the dense mask. No effect on
-        other implementations, with a sliding window, or on prefix-LM rows.
+        tail counting as one. The train loop refuses a batch with a row holding more (check_batch);
+        such a row comes out NaN, never wrong. None: the dense mask. No effect on other
+        implementations, with a sliding window, or on prefix-LM rows.
       qkv_bias: biases in the query, key and value projections only (Qwen2); `use_bias` puts
         them in every projection.
       scale_embeddings: multiply the token embeddings by sqrt(emb_dim), rounded to the compute
@@ -123,6 +124,19 @@ class DecoderConfig(ModelConfigBase):
 
     def make_module(self) -> nn.Module:
         return Decoder(self)
+
+    def packed_layout(self) -> bool:
+        """Whether packed causal rows reach cuDNN as segment offsets and lengths (packed_attention.py)
+        on this backend, rather than as a dense mask."""
+        implementation = layers.attention_implementation(self.attention_implementation, self.compute_dtype,
+                                                         self.head_dim)
+        return self.cudnn_segments_per_row is not None and implementation == "cudnn" and self.sliding_window is None
+
+    def check_batch(self, batch: Any) -> None:
+        """On the packed layout, a row holding more segments than cudnn_segments_per_row is refused."""
+        segments = batch.get("decoder_segment_ids")
+        if segments is not None and "decoder_causal_attention" not in batch and self.packed_layout():
+            packed_attention.check_rows(np.asarray(segments), self.cudnn_segments_per_row)
 
     def num_embedding_params(self) -> int:
         """Parameters of the lookup tables (tokens, and learned positions)."""
@@ -231,9 +245,7 @@ class Decoder(nn.Module):
         # Causality comes from the attention's is_causal; the mask only keeps packed examples apart.
         # A prefix LM's mask is not causal within the prefix, so it carries causality itself.
         is_causal = decoder_causal_attention is None
-        implementation = layers.attention_implementation(cfg.attention_implementation, dtype, cfg.head_dim)
-        packed = (cfg.cudnn_segments_per_row is not None and implementation == "cudnn" and is_causal and not decode
-                  and cfg.sliding_window is None and decoder_segment_ids is not None)
+        packed = cfg.packed_layout() and is_causal and not decode and decoder_segment_ids is not None
         mask = None
         if decode:
             if not is_causal or decoder_segment_ids is not None:

@@ -9,13 +9,17 @@ JAX exposes that layout only through its private `fused_attention_stablehlo` mod
 used here and nowhere else (its signature is the same in jax 0.10 and 0.11).
 
 `layers.Attention` calls `causal_packed_attention` when given segment ids (`DecoderConfig.
-cudnn_segments_per_row`); `segment_runs` is the pure part, tested on any backend.
+cudnn_segments_per_row`); `segment_runs` is the pure part, tested on any backend. `check_rows`
+refuses, on the host and before any step, a batch with a row the layout cannot hold.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax._src.cudnn import fused_attention_stablehlo as _cudnn
+
+from t5x_lite.errors import TaskDataError
 
 Array = jnp.ndarray
 
@@ -40,15 +44,26 @@ def segment_runs(segment_ids: Array, max_segments: int) -> tuple[Array, Array, A
     return offsets, jnp.where(lengths > 0, lengths, -1), run[:, -1] >= max_segments
 
 
+def check_rows(segment_ids: np.ndarray, max_segments: int) -> None:
+    """Raises TaskDataError when a row of the host batch's `segment_ids` holds more runs of one
+    segment id than `max_segments`: on the device that row would come out NaN."""
+    runs = 1 + np.count_nonzero(np.diff(segment_ids, axis=-1), axis=-1)
+    if runs.size and runs.max() > max_segments:
+        most = int(runs.max())
+        raise TaskDataError(
+            f"A packed row of this batch holds {most} segments (runs of one segment id; a padding tail counts "
+            f"as one), more than DecoderConfig.cudnn_segments_per_row={max_segments} lays out for cuDNN. Set "
+            f"--gin.DecoderConfig.cudnn_segments_per_row to at least {most} (the most segments the data packs "
+            "into one row), or to None to pass packed rows as a dense mask. The batch was not trained on.")
+
+
 def causal_packed_attention(q: Array, k: Array, v: Array, segment_ids: Array, *, max_segments: int,
                             scale: float | None = None) -> Array:
     """Causal attention of q, k, v [batch, length, heads, head_dim] within each run of
     `segment_ids`, on cuDNN's packed layout (GPUs; 16-bit q, k, v; cuDNN 9.6 or later).
 
     A row with more than `max_segments` runs comes out NaN rather than silently attending across
-    the runs past the last one: its loss is then not finite, and the train step is not applied
-    (`train.on_nonfinite`). Raise `max_segments` (DecoderConfig.cudnn_segments_per_row) for
-    data that packs more segments per row.
+    the runs past the last one (the train loop refuses such a batch first: `check_rows`).
     """
     offsets, lengths, overflow = segment_runs(segment_ids, max_segments)
     scale = q.shape[-1] ** -0.5 if scale is None else scale

@@ -229,7 +229,7 @@ def run_steps(*, state: trainer_lib.TrainState, dropout_rng: jax.Array, trainer:
         batch = next(iterator, None)
         if batch is None:
             break
-        batch = partitioning.host_batch_to_global(batch, trainer.batch_sharding)
+        batch = trainer.place_batch(batch)
         if step == 0 and initial_loss_check:
             initial_loss_check(state, batch)
         with profiler.step(step, outputs=lambda: state):

@@ -116,6 +116,14 @@ class Trainer:
         self._train_step = None
         self._eval_step = None
 
+    def place_batch(self, batch: dict[str, np.ndarray]) -> Batch:
+        """A host batch, checked by the model's config (`check_batch`: bad input is refused here, on
+        the host, before any step), as one global batch laid out over the mesh."""
+        config = getattr(self.model, "config", None)
+        if config is not None:
+            config.check_batch(batch)
+        return partitioning.host_batch_to_global(batch, self.batch_sharding)
+
     @contextlib.contextmanager
     def _context(self):
         """Mesh + logical rules, so `with_logical_constraint` inside the model resolves."""

@@ -28,7 +28,7 @@ def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: DataConfi
         for i, batch in enumerate(iterator):
             if max_batches is not None and i >= max_batches:
                 break
-            sums = trainer.eval_step(params, partitioning.host_batch_to_global(batch, trainer.batch_sharding))
+            sums = trainer.eval_step(params, trainer.place_batch(batch))
             for k in totals:
                 totals[k] += float(sums[k])
     finally:

@@ -5,15 +5,19 @@ by the XLA math over a mask rebuilt from the offsets and lengths it receives, so
 the kernel runs (the kernel itself: docs/benchmarks.md, GPU section, checked against XLA there)."""
 
 import dataclasses
+import inspect
 import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from t5x_lite.errors import ConfigValueError
+from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.models import decoder_only, layers, masks, packed_attention
+from t5x_lite.parallel import partitioning
+from t5x_lite.training import trainer as trainer_lib
 
 ROWS = np.asarray([
     [1, 1, 1, 2, 2, 3, 0, 0],  # three segments and a padding tail
@@ -119,3 +123,26 @@ def test_a_checkpoint_fits_a_config_that_only_changes_the_segments_per_row():
                      model_dir="/nowhere")  # no parameter changes
     with pytest.raises(CheckpointMismatchError, match="mlp_dim"):
         check_compatible(described(CFG), described(dataclasses.replace(CFG, mlp_dim=32)), model_dir="/nowhere")
+
+
+def test_a_batch_with_a_row_the_layout_cannot_hold_is_refused_on_the_host_before_any_step():
+    with pytest.raises(TaskDataError, match="holds 8 segments.*cudnn_segments_per_row=4.*at least 8"):
+        packed_attention.check_rows(ROWS, max_segments=4)
+    packed_attention.check_rows(ROWS, max_segments=8)  # eight one-token segments fit eight
+    batch = {"decoder_input_tokens": np.ones_like(ROWS), "decoder_segment_ids": ROWS}
+    CFG.check_batch(batch)  # the dense mask holds any packing
+    PACKED.check_batch({**batch, "decoder_segment_ids": ROWS[:2]})
+    PACKED.check_batch({**batch, "decoder_causal_attention": np.ones_like(ROWS)})  # a prefix LM: the dense mask
+    mesh = partitioning.make_mesh(axes=(("data", 1),), devices=jax.devices()[:1])
+    trainer = trainer_lib.Trainer(model=PACKED.make_module(), optimizer=optax.sgd(0.1), learning_rate_fn=lambda _: 0.1,
+                                  mesh=mesh, rules=partitioning.DEFAULT_RULES, clip_grad_norm=None)
+    with pytest.raises(TaskDataError, match="holds 8 segments"):
+        trainer.place_batch(batch)  # what the train loop and its validation pass call
+
+
+def test_the_private_jax_function_still_takes_the_packed_layout():
+    """packed_attention.py is the one user of a private JAX module: a JAX upgrade that changes it
+    fails here, on CPU, rather than on a user's GPU."""
+    parameters = inspect.signature(packed_attention._cudnn.dot_product_attention).parameters
+    assert {"q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "scale", "mask_type"} <= set(parameters)
+    assert packed_attention._cudnn.MaskType.CAUSAL is not None
