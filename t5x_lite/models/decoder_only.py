@@ -128,9 +128,10 @@ class DecoderConfig(ModelConfigBase):
     def packed_layout(self) -> bool:
         """Whether packed causal rows reach cuDNN as segment offsets and lengths (packed_attention.py)
         on this backend, rather than as a dense mask."""
-        implementation = layers.attention_implementation(self.attention_implementation, self.compute_dtype,
-                                                         self.head_dim)
-        return self.cudnn_segments_per_row is not None and implementation == "cudnn" and self.sliding_window is None
+        if self.cudnn_segments_per_row is None or self.sliding_window is not None:
+            return False
+        return layers.attention_implementation(self.attention_implementation, self.compute_dtype,
+                                               self.head_dim) == "cudnn"
 
     def check_batch(self, batch: Any) -> None:
         """On the packed layout, a row holding more segments than cudnn_segments_per_row is refused."""

@@ -5,6 +5,7 @@ by the XLA math over a mask rebuilt from the offsets and lengths it receives, so
 the kernel runs (the kernel itself: docs/benchmarks.md, GPU section, checked against XLA there)."""
 
 import dataclasses
+import functools
 import inspect
 import json
 
@@ -74,27 +75,37 @@ CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_
 PACKED = dataclasses.replace(CFG, attention_implementation="cudnn", cudnn_segments_per_row=4)
 
 
-def _logits(cfg, params, tokens, segments):
-    positions = jnp.asarray(np.broadcast_to(np.arange(8), segments.shape), jnp.int32)
-    return cfg.make_module().apply(params, tokens, decoder_positions=positions, decoder_segment_ids=segments)
+@functools.lru_cache(maxsize=None)
+def _jitted_logits(cfg):
+    module = cfg.make_module()
+    positions = jnp.asarray(np.broadcast_to(np.arange(8), ROWS.shape), jnp.int32)
+    return jax.jit(lambda params, tokens, segments: module.apply(params, tokens, decoder_positions=positions,
+                                                                 decoder_segment_ids=segments))
+
+
+def _logits(cfg, params, tokens, segments=ROWS):
+    return np.asarray(_jitted_logits(cfg)(params, tokens, jnp.asarray(segments)))
+
+
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(1, 64, size=ROWS.shape), jnp.int32)
 
 
 def test_the_decoder_on_the_packed_layout_computes_what_the_dense_mask_computes(xla_for_cudnn):
-    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, size=ROWS.shape), jnp.int32)
-    segments = jnp.asarray(ROWS[:2])  # rows with at most 4 runs
-    params = CFG.make_module().init(jax.random.PRNGKey(0), tokens[:2])
-    dense = _logits(CFG, params, tokens[:2], segments)
-    packed = _logits(PACKED, params, tokens[:2], segments)
-    np.testing.assert_allclose(np.asarray(packed), np.asarray(dense), rtol=1e-5, atol=1e-5)
+    params = CFG.make_module().init(jax.random.PRNGKey(0), TOKENS)
+    packed_8 = dataclasses.replace(PACKED, cudnn_segments_per_row=8)  # every row of ROWS fits
+    dense, packed = _logits(CFG, params, TOKENS), _logits(packed_8, params, TOKENS)
+    # Rows 0-2 as packing writes them; row 3 repeats an id after another, which the dense mask joins
+    # into one segment and the packed layout keeps as two runs (docs/models.md).
+    np.testing.assert_allclose(packed[:3], dense[:3], rtol=1e-5, atol=1e-5)
+    assert not np.allclose(packed[3, 4:6], dense[3, 4:6], atol=1e-3)
     # Segment 2 of row 0 starts at position 3: its logits ignore the tokens before it.
-    moved = _logits(PACKED, params, tokens[:2].at[0, :3].set(5), segments)
-    np.testing.assert_allclose(np.asarray(moved)[0, 3:6], np.asarray(packed)[0, 3:6], rtol=1e-5, atol=1e-5)
+    moved = _logits(packed_8, params, TOKENS.at[0, :3].set(5))
+    np.testing.assert_allclose(moved[0, 3:6], packed[0, 3:6], rtol=1e-5, atol=1e-5)
 
 
 def test_a_row_with_too_many_segments_comes_out_nan_and_the_others_do_not(xla_for_cudnn):
-    tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, size=ROWS.shape), jnp.int32)
-    params = CFG.make_module().init(jax.random.PRNGKey(0), tokens)
-    logits = np.asarray(_logits(PACKED, params, tokens, jnp.asarray(ROWS)))
+    params = CFG.make_module().init(jax.random.PRNGKey(0), TOKENS)
+    logits = _logits(PACKED, params, TOKENS)  # rows of 3 + padding, 1, 8 and 4 runs; 4 laid out
     np.testing.assert_array_equal(np.isnan(logits).all(axis=(1, 2)), [False, False, True, False])
     assert not np.isnan(logits[[0, 1, 3]]).any()
 
