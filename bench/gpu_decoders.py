@@ -89,7 +89,7 @@ def model_config(name: str, policy: str, s: dict):
         sizes["scan_layers"] = bool(s["scan_layers"])
     if s["scan_unroll"] is not None:
         sizes["scan_unroll"] = s["scan_unroll"]
-    if s.get("cudnn_segments") is not None:
+    if s["cudnn_segments"] is not None:
         sizes["cudnn_segments_per_row"] = s["cudnn_segments"]
     return dataclasses.replace(cfg, **sizes, dtype="bfloat16", remat_policy=policy,
                                max_len=max(cfg.max_len, s["seq_len"]), attention_implementation=s["attention"])

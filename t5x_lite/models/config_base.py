@@ -47,12 +47,15 @@ class ModelConfigBase:
             check_choice("mlp_activations entry", name, tuple(layers.ACTIVATIONS))
 
     def _check_field_types(self) -> None:
-        """Sizes are positive integers, rates and scales numbers in range, switches True/False."""
+        """Sizes are positive integers (or None where optional), rates and scales numbers in range,
+        switches True/False."""
         name = type(self).__name__
         for field in dataclasses.fields(self):
             value, kind = getattr(self, field.name), field.type
             if kind == "int" and not (_is_int(value) and value >= 1):
                 raise ConfigValueError(f"{name}.{field.name}={value!r} must be a positive integer.")
+            if kind == "int | None" and not (value is None or (_is_int(value) and value >= 1)):
+                raise ConfigValueError(f"{name}.{field.name}={value!r} must be a positive integer or None.")
             if kind == "bool" and not isinstance(value, bool):
                 raise ConfigValueError(f"{name}.{field.name}={value!r} must be True or False.")
             if kind == "str" and not isinstance(value, str):

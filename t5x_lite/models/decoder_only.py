@@ -114,13 +114,6 @@ class DecoderConfig(ModelConfigBase):
         check_choice("position_embedding", self.position_embedding, POSITION_KINDS)
         check_choice("norm", self.norm, tuple(layers.NORMS))
         check_choice("attention_implementation", self.attention_implementation, layers.ATTENTION_IMPLEMENTATIONS)
-        window = self.sliding_window
-        if window is not None and not (isinstance(window, int) and not isinstance(window, bool) and window >= 1):
-            raise ConfigValueError(f"DecoderConfig.sliding_window={window!r} must be a positive integer or None.")
-        segments = self.cudnn_segments_per_row
-        if segments is not None and not (isinstance(segments, int) and not isinstance(segments, bool) and segments >= 1):
-            raise ConfigValueError(f"DecoderConfig.cudnn_segments_per_row={segments!r} must be a positive integer "
-                                   "or None (None: packed segments reach cuDNN as a dense mask).")
 
     def make_module(self) -> nn.Module:
         return Decoder(self)

@@ -329,7 +329,8 @@ class Attention(nn.Module):
         `bias` also spans every slot as a query (the rows of the new tokens are sliced out).
         `segment_ids` [batch, length] (cuDNN, causal self-attention, no mask, bias or window) keep
         packed segments apart on cuDNN's packed layout."""
-        packed_ok = (self.implementation, self.is_causal, self.kv_cache, self.sliding_window) == ("cudnn", True, "none", None)
+        packed_ok = (self.implementation, self.is_causal, self.kv_cache, self.sliding_window) == (
+            "cudnn", True, "none", None)
         if segment_ids is not None and (mask is not None or bias is not None or not packed_ok):
             raise ValueError("segment_ids take cuDNN's packed layout: implementation 'cudnn', causal self-attention "
                              "without a mask, bias, cache or sliding window.")
@@ -366,7 +367,8 @@ class Attention(nn.Module):
             if is_causal and self.implementation != "explicit":
                 window = {"local_window_size": (self.sliding_window - 1, 0)}  # cuDNN: its sliding-window kernel
             else:
-                visible = masks.sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)[None, None]
+                visible = masks.sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)
+                visible = visible[None, None]
                 mask = visible if mask is None else mask & visible
         scale = 1.0 if self.fold_scale_into_query else None
         if segment_ids is not None:
