@@ -24,11 +24,16 @@ TINY_MODEL = [
 ]
 
 
+# Set by tests/conftest.py (faster compiles of the tests' tiny programs); the same in every CLI process.
+TEST_XLA_FLAGS = os.environ.get("T5X_LITE_TEST_XLA_FLAGS", "")
+
+
 def cli_env(devices: int = 1, extra_pythonpath: str | None = None) -> dict[str, str]:
     """The environment of a CLI subprocess: this checkout importable, `devices` host CPU devices."""
     pythonpath = str(ROOT) if extra_pythonpath is None else f"{ROOT}{os.pathsep}{extra_pythonpath}"
     env = {**os.environ, "PYTHONPATH": pythonpath, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "2",
-           "PYTHONUNBUFFERED": "1", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+           "PYTHONUNBUFFERED": "1",
+           "XLA_FLAGS": f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count={devices}".strip()}
     cache = os.environ.get("T5X_LITE_TEST_COMPILATION_CACHE")
     if cache:  # set by tests/conftest.py: runs of the same program compile it once
         env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2")
