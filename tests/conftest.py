@@ -20,6 +20,10 @@ os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), os.environ[
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# The native CPU kernel (t5x_lite/kernels) is built once into this folder, not the user's cache;
+# its file name carries a hash of the source, so a changed kernel is built anew.
+os.environ.setdefault("T5X_LITE_KERNEL_CACHE", os.path.join(tempfile.gettempdir(), "t5x_lite_test_kernels"))
+
 # CLI subprocesses of one test run share compiled programs through JAX's persistent cache
 # (many whole-run tests compile the same tiny train step); the controller deletes it at the end.
 _RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())

@@ -118,9 +118,11 @@ def score_bytes(attention: str, *, dtype_bytes: int) -> tuple[float, float, floa
     'xla' (jax.nn.dot_product_attention differentiated by JAX): scores, mask-added scores,
     softmax and its mask, in the compute dtype; 'explicit' (models/explicit_attention.py): one
     float32 probability array (also under `save_dots`, its output being a dot's), and four float32
-    arrays while the backward pass runs; 'cudnn': a flash kernel, nothing that size.
+    arrays while the backward pass runs ('explicit_blas', its products on the CPU kernel, the
+    same); 'cudnn': a flash kernel, nothing that size.
     """
-    table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 4, 16), "cudnn": (0, 0, 0)}
+    table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 4, 16),
+             "explicit_blas": (4, 4, 16), "cudnn": (0, 0, 0)}
     return table[attention]
 
 
@@ -163,7 +165,7 @@ def activation_bytes(*, policy: str, attention: str, dtype_bytes: int, num_layer
     """Rough (device, host) bytes of one layer stack's saved activations for one (micro)batch on one device.
 
     layers x tokens x (the policy's per-layer bytes), plus, with remat, one layer's working set
-    while it is recomputed. `attention`: 'xla', 'explicit' or 'cudnn' (score_bytes); `scores`:
+    while it is recomputed. `attention`: 'xla', 'explicit', 'explicit_blas' or 'cudnn' (score_bytes); `scores`:
     attention-score entries per token (heads per device x attended length); q, kv,
     attention_blocks: as in _layer_elements. `saved_bytes`: bytes per saved element on the device
     when not the compute dtype's (XLA:CPU keeps a scanned bfloat16 stack's saved activations in

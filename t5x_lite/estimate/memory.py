@@ -109,7 +109,7 @@ def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str,
 
 
 def attention_kind(model: Any, *, platform: str) -> str:
-    """The attention implementation the model runs on `platform` ('xla', 'explicit' or 'cudnn'),
+    """The attention implementation the model runs on `platform` ('xla', 'explicit', 'explicit_blas' or 'cudnn'),
     resolved as the model resolves it (layers.attention_implementation; T5's is never fused)."""
     return layers.attention_implementation(getattr(model, "attention_implementation", "auto"), model.dtype,
                                            model.head_dim, allow_fused=model.family != "encoder_decoder",
@@ -117,6 +117,7 @@ def attention_kind(model: Any, *, platform: str) -> str:
 
 
 ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit attention (float32 probabilities kept)",
+                    "explicit_blas": "explicit attention on the BLAS kernel (float32 probabilities kept)",
                     "xla": "XLA attention (scores kept)"}
 
 

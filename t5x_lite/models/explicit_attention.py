@@ -12,6 +12,10 @@ Autodiff of the XLA implementation transposes the [batch, heads, q, kv] score an
 probability arrays in the backward pass; on CPU those copies cost more than the products
 (docs/benchmarks.md). `layers.attention_implementation('auto')` picks this on CPU.
 
+With `blas=True` ('explicit_blas') the six products run on the native CPU kernel
+(t5x_lite/kernels: one OpenBLAS sgemm per (batch, head) matrix, the matrices spread over XLA's
+threads) instead of XLA's batched dot; the rest of the math is the same XLA code.
+
 Grouped-query attention (kv_heads < heads) never repeats k and v: the query heads that share a
 key/value head are stacked along the query length ([batch, kv_heads, groups * q, head_dim], a
 reshape that moves no data), so each product runs once per key/value head, dV and dK sum over
@@ -25,6 +29,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from t5x_lite import kernels
+
 Array = jax.Array
 
 # Masked scores: finite, so a row with nothing visible gives a uniform (not NaN) softmax.
@@ -32,11 +38,12 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = None, bias: Array | None = None,
-                          scale: float | None = None, is_causal: bool = False) -> Array:
+                          scale: float | None = None, is_causal: bool = False, blas: bool = False) -> Array:
     """q [batch, q_len, heads, head_dim], k and v [batch, kv_len, kv_heads, head_dim] -> like q.
 
     `mask` (bool, True = attend) and `bias` broadcast to [batch, heads, q_len, kv_len];
     `is_causal` adds the causal mask. kv_heads must divide heads (grouped-query attention).
+    `blas`: the products on the native CPU kernel (float32 only).
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[2]
@@ -50,13 +57,15 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     for name, x in (("mask", mask), ("bias", bias)):
         if x.shape[1] not in (1, heads):
             raise ValueError(f"The attention {name}'s heads dimension is {x.shape[1]}: it must be 1 or {heads}.")
+    if blas and not q.dtype == k.dtype == v.dtype == jnp.float32:
+        raise ValueError(f"The BLAS attention products take float32 q, k and v, not {q.dtype}, {k.dtype}, {v.dtype}.")
     scale = head_dim ** -0.5 if scale is None else scale
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, l, n, h] <-> [b, n, l, h]
     # Query heads i * groups ... (i + 1) * groups - 1 share key/value head i: [b, kv_heads, groups * q_len, h].
     groups = heads // kv_heads
     q = heads_first(q).reshape(batch, kv_heads, groups * q_len, head_dim)
     out = _attention(q, heads_first(k), heads_first(v), _per_group(mask, groups), _per_group(bias, groups),
-                     float(scale), groups)
+                     float(scale), groups, blas)
     return heads_first(out.reshape(batch, heads, q_len, head_dim))
 
 
@@ -76,21 +85,34 @@ def _grouped(scores: Array, groups: int) -> Array:
     return scores if groups == 1 else scores.reshape(b, kv_heads, groups, rows // groups, kv)
 
 
-def _forward(q, k, v, mask, bias, scale, groups):
-    scores = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32) * scale
+# Each product as an einsum over (batch, heads) and as the kernel's transposes.
+_PRODUCTS = {"bnth,bnsh->bnts": (False, True), "bnts,bnsh->bnth": (False, False), "bnts,bnth->bnsh": (True, False)}
+
+
+def _product(equation: str, a: Array, b: Array, blas: bool, preferred_element_type=None, scale: float = 1.0) -> Array:
+    """The einsum times `scale`; with `blas` on the kernel (float32), the scale inside its sgemm."""
+    if blas:
+        transpose_a, transpose_b = _PRODUCTS[equation]
+        return kernels.batched_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, alpha=scale)
+    out = jnp.einsum(equation, a, b, preferred_element_type=preferred_element_type)
+    return out if scale == 1.0 else out * scale
+
+
+def _forward(q, k, v, mask, bias, scale, groups, blas):
+    scores = _product("bnth,bnsh->bnts", q, k, blas, jnp.float32, scale)
     scores = jnp.where(mask, _grouped(scores, groups) + bias.astype(jnp.float32), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).reshape(q.shape[:3] + k.shape[2:3])
-    out = jnp.einsum("bnts,bnsh->bnth", probs.astype(v.dtype), v)
+    out = _product("bnts,bnsh->bnth", probs.astype(v.dtype), v, blas)
     return out, probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attention(q, k, v, mask, bias, scale, groups):
-    return _forward(q, k, v, mask, bias, scale, groups)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _attention(q, k, v, mask, bias, scale, groups, blas):
+    return _forward(q, k, v, mask, bias, scale, groups, blas)[0]
 
 
-def _attention_fwd(q, k, v, mask, bias, scale, groups):
-    out, probs = _forward(q, k, v, mask, bias, scale, groups)
+def _attention_fwd(q, k, v, mask, bias, scale, groups, blas):
+    out, probs = _forward(q, k, v, mask, bias, scale, groups, blas)
     return out, (q, k, v, mask, bias, probs)
 
 
@@ -100,14 +122,18 @@ def _sum_to(x: Array, shape: tuple[int, ...]) -> Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _attention_bwd(scale, groups, residuals, d_out):
+def _attention_bwd(scale, groups, blas, residuals, d_out):
     q, k, v, mask, bias, probs = residuals
-    d_probs = jnp.einsum("bnth,bnsh->bnts", d_out, v, preferred_element_type=jnp.float32)
-    dv = jnp.einsum("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out)
+    d_probs = _product("bnth,bnsh->bnts", d_out, v, blas, jnp.float32)
+    dv = _product("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out, blas)
     d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-    ds = (d_scores * scale).astype(q.dtype)
-    dq = jnp.einsum("bnts,bnsh->bnth", ds, k)
-    dk = jnp.einsum("bnts,bnth->bnsh", ds, q)
+    if blas:  # the scale inside the products' sgemm
+        dq = _product("bnts,bnsh->bnth", d_scores, k, blas, scale=scale)
+        dk = _product("bnts,bnth->bnsh", d_scores, q, blas, scale=scale)
+    else:
+        ds = (d_scores * scale).astype(q.dtype)
+        dq = _product("bnts,bnsh->bnth", ds, k, blas)
+        dk = _product("bnts,bnth->bnsh", ds, q, blas)
     d_bias = _sum_to(_grouped(d_scores, groups), bias.shape).astype(bias.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, d_bias
 

@@ -17,6 +17,8 @@ from flax import linen as nn
 from flax.linen import partitioning as nn_partitioning
 from jax.ad_checkpoint import checkpoint_name
 
+from t5x_lite import kernels
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import explicit_attention, masks, packed_attention
 from t5x_lite.models.projection import project
 
@@ -244,24 +246,39 @@ class Dense(nn.Module):
         return y
 
 
-ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "explicit")
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn", "explicit", "explicit_blas")
+EXPLICIT = ("explicit", "explicit_blas")  # explicit_attention.py's math; the second on the native CPU kernel
 
 
 def attention_implementation(choice: str, dtype: DType, head_dim: int, *, allow_fused: bool = True,
                              platform: str | None = None) -> str:
-    """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute, 'explicit'
-    (explicit_attention.py: the XLA math with a written-out backward pass) on CPU, else XLA.
+    """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute; on CPU the
+    explicit attention (explicit_attention.py: the XLA math with a written-out backward pass),
+    its products on the native kernel ('explicit_blas', t5x_lite/kernels) in float32 on a single
+    device where the kernel builds, else on XLA ('explicit'); else XLA.
 
     `jax.nn.dot_product_attention` itself defaults to XLA everywhere, so the choice is made here.
     cuDNN's kernel needs a 16-bit dtype and a head_dim that is a multiple of 8, at most 128;
     `allow_fused=False` rules it out (T5: its relative position bias needs a bias gradient).
-    `platform` ('cpu', 'gpu', 'tpu'; default: JAX's backend) lets the memory estimate plan for another.
+    The kernel has no sharding rule (XLA would gather its operands across devices), hence one
+    device. `platform` ('cpu', 'gpu', 'tpu'; default: JAX's backend) lets the memory estimate plan
+    for another. Asking for 'explicit_blas' where it cannot run raises `KernelUnavailableError`
+    or `ConfigValueError`.
     """
+    on_this_backend = platform is None or platform == jax.default_backend()
+    platform = platform or jax.default_backend()
+    if choice == "explicit_blas":
+        if platform != "cpu" or jnp.dtype(dtype) != jnp.float32:
+            raise ConfigValueError(f"attention_implementation='explicit_blas' runs on CPU in float32, not on "
+                                   f"{platform} in {jnp.dtype(dtype).name}: use 'explicit' (or 'auto').")
+        if on_this_backend:
+            kernels.load()
     if choice != "auto":
         return choice
-    platform = platform or jax.default_backend()
     if platform == "cpu":
-        return "explicit"
+        native = (on_this_backend and jnp.dtype(dtype) == jnp.float32 and jax.device_count() == 1
+                  and kernels.available())
+        return "explicit_blas" if native else "explicit"
     fused_ok = (allow_fused and platform == "gpu" and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
                 and head_dim % 8 == 0 and head_dim <= 128)
     return "cudnn" if fused_ok else "xla"
@@ -294,7 +311,8 @@ class Attention(nn.Module):
         kernel's initialisation is scaled down by that factor instead.
       is_causal: add the causal mask (lets cuDNN use its causal kernel; `mask` then only needs
         to keep packed segments apart).
-      implementation: 'explicit', or passed to jax.nn.dot_product_attention ('xla', 'cudnn' or None).
+      implementation: 'explicit' or 'explicit_blas', or passed to jax.nn.dot_product_attention
+        ('xla', 'cudnn' or None).
       cudnn_segments_per_row: the most segments a packed row holds when a call passes
         `segment_ids` (packed_attention.py: cuDNN's packed layout instead of a dense mask).
       kv_cache: decoding only ('none' for training). 'append' (causal self-attention): keys and
@@ -364,7 +382,7 @@ class Attention(nn.Module):
             _cache_variable(self, "cached_value", v).value = v
         window = {}
         if self.sliding_window is not None and self.kv_cache != "append":  # the cache applies its own
-            if is_causal and self.implementation != "explicit":
+            if is_causal and self.implementation not in EXPLICIT:
                 window = {"local_window_size": (self.sliding_window - 1, 0)}  # cuDNN: its sliding-window kernel
             else:
                 visible = masks.sliding_window_mask(jnp.arange(q.shape[1]), k.shape[1], self.sliding_window)
@@ -374,9 +392,10 @@ class Attention(nn.Module):
         if segment_ids is not None:
             out = packed_attention.causal_packed_attention(q, k, v, segment_ids, scale=scale,
                                                            max_segments=self.cudnn_segments_per_row)
-        elif self.implementation == "explicit":
+        elif self.implementation in EXPLICIT:
             out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                                           is_causal=is_causal)
+                                                           is_causal=is_causal,
+                                                           blas=self.implementation == "explicit_blas")
         else:
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                                implementation=self.implementation, **window)

@@ -19,7 +19,7 @@ QKV_NAMES = ("query_proj", "key_proj", "value_proj")
 # the backward pass; the others save the named intermediates and recompute the rest:
 #   minimal        the projections' outputs (q, k, v, attention out, MLP): matmuls without batch dims
 #   save_dots      every matmul output: the projections, and the attention scores of the 'xla'
-#                  implementation ('explicit' and 'cudnn' attention is recomputed)
+#                  implementation ('explicit', 'explicit_blas' and 'cudnn' attention is recomputed)
 #   save_qkv_proj  only the q, k and v projections
 # Projections are found by their name (layers.PROJECTION_NAME): their dot sits inside a
 # custom_vjp (projection.py), which jax's dot-matching policies do not look into.

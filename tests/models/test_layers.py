@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import explicit_attention, layers, masks
 from t5x_lite.models.projection import project
 
@@ -328,10 +329,23 @@ def test_attention_is_causal_adds_the_causal_mask_to_the_segment_mask():
     assert not np.allclose(np.asarray(run_plain(params, segment_mask)), got, atol=1e-3)
 
 
-def test_attention_implementation_resolves_auto_to_explicit_on_cpu():
-    assert jax.default_backend() == "cpu"
-    for dtype in (jnp.float32, jnp.bfloat16):
+def test_attention_implementation_resolves_auto_to_explicit_on_cpu(monkeypatch):
+    assert jax.default_backend() == "cpu" and jax.device_count() == 8
+    for dtype in (jnp.float32, jnp.bfloat16):  # several devices: the kernel has no sharding rule
         assert layers.attention_implementation("auto", dtype, 64) == "explicit"
+    # One device in float32: the products on the native kernel, where it builds.
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    assert layers.attention_implementation("auto", jnp.float32, 64) == "explicit_blas"
+    assert layers.attention_implementation("auto", jnp.float32, 64, platform="cpu") == "explicit_blas"
+    assert layers.attention_implementation("auto", jnp.bfloat16, 64) == "explicit"
+    monkeypatch.setattr(layers.kernels, "available", lambda: False)
+    assert layers.attention_implementation("auto", jnp.float32, 64) == "explicit"
+    # Asked for by name: float32 only.
+    assert layers.attention_implementation("explicit_blas", jnp.float32, 64) == "explicit_blas"
+    with pytest.raises(ConfigValueError, match="'explicit_blas' runs on CPU in float32, not on cpu in bfloat16"):
+        layers.attention_implementation("explicit_blas", jnp.bfloat16, 64)
+    with pytest.raises(ConfigValueError, match="not on gpu in float32"):
+        layers.attention_implementation("explicit_blas", jnp.float32, 64, platform="gpu")
     assert layers.attention_implementation("xla", jnp.bfloat16, 64) == "xla"
     assert layers.attention_implementation("cudnn", jnp.float32, 64) == "cudnn"
     # Planned for another platform (the memory estimate): GPUs fuse 16-bit attention with a head_dim cuDNN takes.
@@ -342,10 +356,12 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu():
     assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="tpu") == "xla"
 
 
+@pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("kv_heads,with_bias,is_causal", [(4, False, True), (2, True, True), (4, True, False)])
-def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, with_bias, is_causal):
+def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, with_bias, is_causal, blas):
     """Same outputs and the same gradients for q, k, v and the bias (written-out backward pass vs
-    autodiff of jax.nn.dot_product_attention), with packed segments, grouped-query heads and a bias."""
+    autodiff of jax.nn.dot_product_attention), with packed segments, grouped-query heads and a bias;
+    the products on XLA and on the native kernel ('explicit_blas')."""
 
     rng = np.random.default_rng(0)
     batch, length, heads, head_dim = 2, 12, 4, 8
@@ -355,10 +371,10 @@ def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, wit
     bias = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32) if with_bias else None
     segments = jnp.asarray([[1] * 5 + [2] * 7, [1] * 12])
     mask = masks.make_bidirectional_mask(segments, segments)
-    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, scale=0.3, is_causal=is_causal)
+    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, scale=0.3, is_causal=is_causal, blas=blas)
 
 
-def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, **kwargs):
+def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, blas=False, **kwargs):
     """The explicit attention's value and its gradients for q, k, v (and the bias) equal autodiff of
     jax.nn.dot_product_attention's XLA math, under a random weighting of the output."""
     weights = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
@@ -367,7 +383,7 @@ def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, **kwargs):
         return jnp.sum(attend(q, k, v, bias=bias, **kwargs) * weights)
 
     xla = functools.partial(jax.nn.dot_product_attention, implementation="xla")
-    explicit = explicit_attention.dot_product_attention
+    explicit = functools.partial(explicit_attention.dot_product_attention, blas=blas)
     args = (q, k, v, bias)
     argnums = (1, 2, 3) if bias is None else (1, 2, 3, 4)  # q, k, v (and the bias) after `attend`
     np.testing.assert_allclose(float(loss(explicit, *args)), float(loss(xla, *args)), rtol=1e-5)
@@ -377,8 +393,9 @@ def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, **kwargs):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("kv_heads", [1, 2])
-def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_and_queries(kv_heads):
+def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_and_queries(kv_heads, blas):
     """Grouped-query heads stack along the query length: a padding mask with one query row, a bias
     shared by every head, and the bias's gradient summed to its shape, as autodiff of the XLA math."""
     rng = np.random.default_rng(3)
@@ -387,7 +404,7 @@ def test_grouped_explicit_attention_broadcasts_masks_and_biases_shared_by_heads_
     k, v = (jnp.asarray(rng.standard_normal((batch, length, kv_heads, head_dim)), jnp.float32) for _ in range(2))
     bias = jnp.asarray(rng.standard_normal((1, 1, length, length)), jnp.float32)
     mask = jnp.asarray([[True] * 4 + [False] * 2, [True] * 6])[:, None, None, :]  # [batch, 1, 1, kv]
-    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, is_causal=True)
+    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=mask, is_causal=True, blas=blas)
     # A bias per key/value head is not one per query head: refused, not broadcast over the groups.
     with pytest.raises(ValueError, match="heads dimension is 2: it must be 1 or 4"):
         explicit_attention.dot_product_attention(q, k, v, bias=jnp.zeros((1, 2, length, length)))

@@ -127,6 +127,17 @@ def test_remat_policies_give_equal_gradients(policy):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
 
 
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_blas_attention_products_give_equal_gradients(policy):
+    """'explicit_blas' (attention's products on the native CPU kernel) inside the scanned stack,
+    with and without remat, computes the gradients of 'explicit' (the same products on XLA)."""
+    params = _init(BASE, seed=6)
+    tokens = _tokens(4, (2, 13))
+    reference = _loss_grads(_cfg(remat_policy=policy, attention_implementation="explicit"), params, tokens)
+    grads = _loss_grads(_cfg(remat_policy=policy, attention_implementation="explicit_blas"), params, tokens)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
+
+
 def test_remat_unrolled_gives_equal_gradients():
     params = _init(BASE, seed=5)
     tokens = _tokens(3, (2, 9))
