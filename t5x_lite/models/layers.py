@@ -394,14 +394,19 @@ class Attention(nn.Module):
                                                            max_segments=self.cudnn_segments_per_row)
         elif self.implementation in EXPLICIT:
             out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                                           is_causal=is_causal,
-                                                           blas=self.implementation == "explicit_blas")
+                                                           is_causal=is_causal, blas=self._blas_products())
         else:
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                                implementation=self.implementation, **window)
         out = with_logical_constraint(out, ("batch", "length", "heads", "kv"))
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)
+
+    def _blas_products(self) -> bool:
+        """'explicit_blas' runs its products on the native kernel in training and scoring; cached
+        decoding (a query row per step) keeps XLA's, where one sgemm call per single-row matrix
+        costs more than it saves (docs/benchmarks.md, decoding)."""
+        return self.implementation == "explicit_blas" and self.kv_cache == "none"
 
     def _append_to_cache(self, k: Array, v: Array, mask: Array | None,
                          bias: Array | None) -> tuple[Array, Array, Array | None, Array | None]:

@@ -356,6 +356,24 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu(monkeypatch):
     assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="tpu") == "xla"
 
 
+def test_explicit_blas_runs_the_kernel_in_training_and_xla_products_in_cached_decoding():
+    """One query row per cached decoding step: there the products stay on XLA (docs/models.md)."""
+    x = jnp.ones((2, 6, 16), jnp.float32)
+
+    def custom_calls(kv_cache: str) -> int:
+        attention = layers.Attention(2, 2, 8, use_rope=False, is_causal=True, implementation="explicit_blas",
+                                     kv_cache=kv_cache)
+        variables = attention.init(jax.random.PRNGKey(0), x, x, None)
+        if kv_cache == "none":
+            fn = lambda v, x: attention.apply(v, x, x, None)  # noqa: E731
+        else:
+            fn = lambda v, x: attention.apply(v, x[:, :1], x[:, :1], None, mutable=["cache"])  # noqa: E731
+        return jax.jit(fn).lower(variables, x).as_text().count("t5x_lite_batched_matmul")
+
+    assert custom_calls("none") == 2  # the forward pass's two products
+    assert custom_calls("append") == 0
+
+
 @pytest.mark.parametrize("blas", [False, True])
 @pytest.mark.parametrize("kv_heads,with_bias,is_causal", [(4, False, True), (2, True, True), (4, True, False)])
 def test_explicit_attention_equals_xla_attention_and_its_gradients(kv_heads, with_bias, is_causal, blas):
