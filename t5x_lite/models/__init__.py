@@ -15,9 +15,10 @@ Owns:
   stack.py               layer stacking (`scan_with_axes` or a loop) and remat policies by name
   losses.py              cross entropy with z-loss and label smoothing, as sums plus token counts
 
-Each family's config dataclass has a `family` name, builds its module with `make_module()`, and
-counts its parameters and training FLOPs. Public names (defined here): `ModelConfig`,
-`CONFIG_CLASSES`, `train_flops_per_token`, `config_from_dict`; and `DecoderConfig`, `T5Config`,
+Each family's config dataclass has a `family` name, builds its module with `make_module()`,
+names the attention it runs (`attention()`) and counts its parameters and training FLOPs.
+Public names (defined here): `ModelConfig`, `CONFIG_CLASSES`, `train_flops_per_token`,
+`config_from_dict`; and `DecoderConfig`, `T5Config`,
 `stack.check_backend_supports`, `losses.weighted_loss_sums`, `losses.cross_entropy_with_logits`.
 
 May import: `t5x_lite.errors` and `t5x_lite.tf_setup` only. Models name logical axes and never

@@ -120,13 +120,16 @@ class DecoderConfig(ModelConfigBase):
     def make_module(self) -> nn.Module:
         return Decoder(self)
 
+    def attention(self) -> str:
+        """The attention implementation this config runs on JAX's backend ('auto' resolved)."""
+        return layers.attention_implementation(self.attention_implementation, self.compute_dtype, self.head_dim)
+
     def packed_layout(self) -> bool:
         """Whether packed causal rows reach cuDNN as segment offsets and lengths (packed_attention.py)
         on this backend, rather than as a dense mask."""
         if self.cudnn_segments_per_row is None or self.sliding_window is not None:
             return False
-        return layers.attention_implementation(self.attention_implementation, self.compute_dtype,
-                                               self.head_dim) == "cudnn"
+        return self.attention() == "cudnn"
 
     def check_batch(self, batch: Any) -> None:
         """On the packed layout, a row holding more segments than cudnn_segments_per_row is refused."""
@@ -184,7 +187,7 @@ class DecoderBlock(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         norm = layers.norm_class(cfg.norm, cfg.norm_epsilon)
-        implementation = layers.attention_implementation(cfg.attention_implementation, dtype, cfg.head_dim)
+        implementation = cfg.attention()
         x = layers.with_logical_constraint(x, ("batch", "length", "embed"))
         h = norm(dtype=dtype, name="attn_norm")(x)
         h = layers.Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, dtype,

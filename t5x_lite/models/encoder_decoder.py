@@ -75,6 +75,11 @@ class T5Config(ModelConfigBase):
     def make_module(self) -> nn.Module:
         return EncoderDecoder(self)
 
+    def attention(self) -> str:
+        """The attention implementation this config runs on JAX's backend: never cuDNN's fused
+        kernel, whose backward pass gives no gradient for the relative position bias."""
+        return layers.attention_implementation("auto", self.compute_dtype, self.head_dim, allow_fused=False)
+
     def num_embedding_params(self) -> int:
         return self.vocab_size * self.emb_dim
 
@@ -114,9 +119,8 @@ def _norm(cfg: T5Config):
 
 
 def _attention(cfg: T5Config, name: str, kv_cache: str = "none") -> layers.Attention:
-    implementation = layers.attention_implementation("auto", cfg.compute_dtype, cfg.head_dim, allow_fused=False)
     return layers.Attention(cfg.num_heads, cfg.num_heads, cfg.head_dim, cfg.compute_dtype, use_rope=False,
-                            fold_scale_into_query=True, kv_cache=kv_cache, implementation=implementation, name=name)
+                            fold_scale_into_query=True, kv_cache=kv_cache, implementation=cfg.attention(), name=name)
 
 
 class EncoderBlock(nn.Module):

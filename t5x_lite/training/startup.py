@@ -126,7 +126,8 @@ def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainDat
     """The start-up lines: the model and mesh (and why, when it was chosen), and how the data is read."""
     model = spec.model
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
-                 f"({model.num_params() - model.num_embedding_params():,} non-embedding); "
+                 f"({model.num_params() - model.num_embedding_params():,} non-embedding), "
+                 f"{model.attention()} attention; "
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
                  + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
                  + (f": {mesh_note}" if mesh_note else ""))

@@ -127,6 +127,18 @@ def test_remat_policies_give_equal_gradients(policy):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), grads, reference)
 
 
+def test_configs_name_the_attention_they_run(monkeypatch):
+    from t5x_lite.models import encoder_decoder
+
+    t5 = encoder_decoder.T5Config(vocab_size=64, emb_dim=32, num_heads=4, head_dim=8, mlp_dim=64,
+                                  num_encoder_layers=1, num_decoder_layers=1)
+    assert BASE.attention() == t5.attention() == "explicit"  # 8 CPU devices
+    assert _cfg(attention_implementation="xla").attention() == "xla"
+    monkeypatch.setattr(jax, "device_count", lambda: 1)
+    assert BASE.attention() == t5.attention() == "explicit_blas"
+    assert _cfg(dtype="bfloat16").attention() == "explicit"
+
+
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_blas_attention_products_give_equal_gradients(policy):
     """'explicit_blas' (attention's products on the native CPU kernel) inside the scanned stack,
