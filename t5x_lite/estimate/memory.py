@@ -21,7 +21,7 @@ from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate.layout import logical_shards, rules_for_mesh_shape
 from t5x_lite.estimate.run_from_gin import RunSettings
-from t5x_lite.models import layers, stack
+from t5x_lite.models import stack
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import optim
 from t5x_lite.training import trainer as trainer_lib
@@ -108,14 +108,6 @@ def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str,
     return unscanned, stacks
 
 
-def attention_kind(model: Any, *, platform: str) -> str:
-    """The attention implementation the model runs on `platform` ('xla', 'explicit', 'explicit_blas' or 'cudnn'),
-    resolved as the model resolves it (layers.attention_implementation; T5's is never fused)."""
-    return layers.attention_implementation(getattr(model, "attention_implementation", "auto"), model.dtype,
-                                           model.head_dim, allow_fused=model.family != "encoder_decoder",
-                                           platform=platform)
-
-
 ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit attention (float32 probabilities kept)",
                     "explicit_blas": "explicit attention on the BLAS kernel (float32 probabilities kept)",
                     "xla": "XLA attention (scores kept)"}
@@ -124,7 +116,7 @@ ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit atte
 def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *,
                          attention: str, platform: str) -> dict[str, Any]:
     """Rough activation and logits bytes per device for the model, batch, mesh and remat policy,
-    `attention` being the implementation the model runs (attention_kind) on `platform`."""
+    `attention` being the implementation the model runs (the config's `attention(platform)`) on `platform`."""
     model, data = settings.model, settings.train_data
     rules = rules_for_mesh_shape(settings.logical_axis_rules, mesh_shape)
     batch_shards, _, heads_shards, _ = logical_shards(("batch", "length", "heads", "kv"), rules, mesh_shape)
@@ -163,7 +155,7 @@ def memory_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *, pla
     state = state_bytes_per_device(settings, mesh_shape)
     gradients = state["params"] * (1 if settings.microbatches == 1 else 2)  # + the accumulator
     train_state = state["params"] + state["optimizer_state"] + state["step"]
-    acts = activations_estimate(settings, mesh_shape, attention=attention_kind(settings.model, platform=platform),
+    acts = activations_estimate(settings, mesh_shape, attention=settings.model.attention(platform=platform),
                                 platform=platform)
     return {"method": "arithmetic", **state, "gradients": gradients, "train_state": train_state,
             "state_total": train_state + gradients, **acts,

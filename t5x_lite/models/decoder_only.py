@@ -120,9 +120,11 @@ class DecoderConfig(ModelConfigBase):
     def make_module(self) -> nn.Module:
         return Decoder(self)
 
-    def attention(self) -> str:
-        """The attention implementation this config runs on JAX's backend ('auto' resolved)."""
-        return layers.attention_implementation(self.attention_implementation, self.compute_dtype, self.head_dim)
+    def attention(self, platform: str | None = None) -> str:
+        """The attention implementation this config runs on `platform` (default: JAX's backend),
+        'auto' resolved (layers.attention_implementation)."""
+        return layers.attention_implementation(self.attention_implementation, self.compute_dtype, self.head_dim,
+                                               platform=platform)
 
     def packed_layout(self) -> bool:
         """Whether packed causal rows reach cuDNN as segment offsets and lengths (packed_attention.py)

@@ -75,10 +75,11 @@ class T5Config(ModelConfigBase):
     def make_module(self) -> nn.Module:
         return EncoderDecoder(self)
 
-    def attention(self) -> str:
-        """The attention implementation this config runs on JAX's backend: never cuDNN's fused
-        kernel, whose backward pass gives no gradient for the relative position bias."""
-        return layers.attention_implementation("auto", self.compute_dtype, self.head_dim, allow_fused=False)
+    def attention(self, platform: str | None = None) -> str:
+        """The attention implementation this config runs on `platform` (default: JAX's backend): never
+        cuDNN's fused kernel, whose backward pass gives no gradient for the relative position bias."""
+        return layers.attention_implementation("auto", self.compute_dtype, self.head_dim, allow_fused=False,
+                                               platform=platform)
 
     def num_embedding_params(self) -> int:
         return self.vocab_size * self.emb_dim

@@ -57,8 +57,6 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     for name, x in (("mask", mask), ("bias", bias)):
         if x.shape[1] not in (1, heads):
             raise ValueError(f"The attention {name}'s heads dimension is {x.shape[1]}: it must be 1 or {heads}.")
-    if blas and not q.dtype == k.dtype == v.dtype == jnp.float32:
-        raise ValueError(f"The BLAS attention products take float32 q, k and v, not {q.dtype}, {k.dtype}, {v.dtype}.")
     scale = head_dim ** -0.5 if scale is None else scale
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, l, n, h] <-> [b, n, l, h]
     # Query heads i * groups ... (i + 1) * groups - 1 share key/value head i: [b, kv_heads, groups * q_len, h].
@@ -127,13 +125,10 @@ def _attention_bwd(scale, groups, blas, residuals, d_out):
     d_probs = _product("bnth,bnsh->bnts", d_out, v, blas, jnp.float32)
     dv = _product("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out, blas)
     d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-    if blas:  # the scale inside the products' sgemm
-        dq = _product("bnts,bnsh->bnth", d_scores, k, blas, scale=scale)
-        dk = _product("bnts,bnth->bnsh", d_scores, q, blas, scale=scale)
-    else:
-        ds = (d_scores * scale).astype(q.dtype)
-        dq = _product("bnts,bnsh->bnth", ds, k, blas)
-        dk = _product("bnts,bnth->bnsh", ds, q, blas)
+    # On the kernel the scale goes inside its sgemm; on XLA it is applied once, before the cast.
+    ds, ds_scale = (d_scores, scale) if blas else ((d_scores * scale).astype(q.dtype), 1.0)
+    dq = _product("bnts,bnsh->bnth", ds, k, blas, scale=ds_scale)
+    dk = _product("bnts,bnth->bnsh", ds, q, blas, scale=ds_scale)
     d_bias = _sum_to(_grouped(d_scores, groups), bias.shape).astype(bias.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, d_bias
 

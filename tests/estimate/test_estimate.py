@@ -158,7 +158,7 @@ def test_the_estimate_plans_the_attention_the_model_runs_on_the_platform(model_f
         gin_bindings=["TRAIN_STEPS=10", "MIXTURE_OR_TASK_NAME=None", "INPUTS_LENGTH=64"],
         entry="train", check_macros=False))
     model = dataclasses.replace(settings.model, dtype=dtype)
-    assert estimate_memory.attention_kind(model, platform=platform) == want
+    assert model.attention(platform=platform) == want
 
 
 def test_train_time_formula_by_hand():
