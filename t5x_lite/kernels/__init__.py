@@ -1,19 +1,25 @@
 """Kernels: native CPU code that XLA calls as FFI custom calls, built from source on first use.
 
 Owns:
-  sgemm_batch.cc  the float32 batched matmul: one single-threaded OpenBLAS sgemm per matrix,
-                  the matrices spread over XLA's intra-op threads
-  sgemm_batch.py  builds it (a C++ compiler, jaxlib's FFI headers, a cache folder), loads it,
-                  registers it with XLA, and the `batched_matmul` op that calls it
+  blas.h, blas.cc  what the kernels share: scipy's OpenBLAS sgemm (set to one thread) in
+                   row-major terms, and a parallel loop over XLA's intra-op threads
+  attention.cc     fused float32 softmax attention, forward and backward: one task per
+                   (batch row, key/value head), its products and softmax done while its
+                   scores are in cache, q, k and v read in their [batch, length, heads, head_dim]
+                   layout
+  attention.py     `attention`, the differentiable op that calls it
+  build.py         compiles the `.cc` files into one library (a C++ compiler, jaxlib's FFI
+                   headers, a cache folder), loads it and registers its handlers with XLA
 
-The explicit attention's 'explicit_blas' form runs its six products here
-(models/explicit_attention.py); `models.layers.attention_implementation('auto')` picks it on a
-single CPU device in float32 where the kernel builds. Public names: `batched_matmul`,
-`available`, `load`, `KernelUnavailableError`.
+The explicit attention's 'explicit_blas' form runs here (models/explicit_attention.py);
+`models.layers.attention_implementation('auto')` picks it on a single CPU device in float32
+where the kernels build. Public names: `attention`, `available`, `load`,
+`KernelUnavailableError`.
 
 May import: `t5x_lite.errors` only (pyproject.toml's layers contract).
 """
 
-from t5x_lite.kernels.sgemm_batch import KernelUnavailableError, available, batched_matmul, load
+from t5x_lite.kernels.attention import attention
+from t5x_lite.kernels.build import KernelUnavailableError, available, load
 
-__all__ = ["KernelUnavailableError", "available", "batched_matmul", "load"]
+__all__ = ["KernelUnavailableError", "attention", "available", "load"]

@@ -5,16 +5,17 @@ q.k * scale + bias, masked, softmax in float32, times v. What differs is the lay
 are moved next to the batch ([batch, heads, length, head_dim]) once, every product is a
 batched matmul over (batch, head), and the gradient reuses the saved probabilities:
 
-    dP = dO V^T      dV = P^T dO      dS = P * (dP - rowsum(dP * P))
+    dP = dO V^T      dV = P^T dO      dS = P * (dP - rowsum(dP * P)), 0 where masked
     dQ = dS K scale  dK = dS^T Q scale  dbias = dS summed to the bias's shape
 
 Autodiff of the XLA implementation transposes the [batch, heads, q, kv] score and
 probability arrays in the backward pass; on CPU those copies cost more than the products
 (docs/benchmarks.md). `layers.attention_implementation('auto')` picks this on CPU.
 
-With `blas=True` ('explicit_blas') the six products run on the native CPU kernel
-(t5x_lite/kernels: one OpenBLAS sgemm per (batch, head) matrix, the matrices spread over XLA's
-threads) instead of XLA's batched dot; the rest of the math is the same XLA code.
+With `blas=True` ('explicit_blas') the same math runs on the fused native CPU kernel
+(t5x_lite/kernels: per (batch, key/value head) its products as OpenBLAS sgemms and its softmax
+while the scores are in cache, the tasks spread over XLA's threads, q, k and v read where they
+lie, so the heads-first copies below are not made either).
 
 Grouped-query attention (kv_heads < heads) never repeats k and v: the query heads that share a
 key/value head are stacked along the query length ([batch, kv_heads, groups * q, head_dim], a
@@ -43,7 +44,7 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
 
     `mask` (bool, True = attend) and `bias` broadcast to [batch, heads, q_len, kv_len];
     `is_causal` adds the causal mask. kv_heads must divide heads (grouped-query attention).
-    `blas`: the products on the native CPU kernel (float32 only).
+    `blas`: on the fused native CPU kernel (float32 only).
     """
     batch, q_len, heads, head_dim = q.shape
     kv_heads = k.shape[2]
@@ -52,18 +53,21 @@ def dot_product_attention(q: Array, k: Array, v: Array, *, mask: Array | None = 
     if is_causal:
         causal = jnp.tril(jnp.ones((q_len, k.shape[1]), jnp.bool_))
         mask = causal if mask is None else mask & causal
-    mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask.reshape((1,) * (4 - mask.ndim) + mask.shape)
-    bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    mask, bias = (None if x is None else x.reshape((1,) * (4 - x.ndim) + x.shape) for x in (mask, bias))
     for name, x in (("mask", mask), ("bias", bias)):
-        if x.shape[1] not in (1, heads):
+        if x is not None and x.shape[1] not in (1, heads):
             raise ValueError(f"The attention {name}'s heads dimension is {x.shape[1]}: it must be 1 or {heads}.")
     scale = head_dim ** -0.5 if scale is None else scale
+    if blas:
+        return kernels.attention(q, k, v, mask=mask, bias=bias, scale=scale)
+    mask = jnp.ones((1, 1, 1, 1), jnp.bool_) if mask is None else mask
+    bias = jnp.zeros((1, 1, 1, 1), jnp.float32) if bias is None else bias
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [b, l, n, h] <-> [b, n, l, h]
     # Query heads i * groups ... (i + 1) * groups - 1 share key/value head i: [b, kv_heads, groups * q_len, h].
     groups = heads // kv_heads
     q = heads_first(q).reshape(batch, kv_heads, groups * q_len, head_dim)
     out = _attention(q, heads_first(k), heads_first(v), _per_group(mask, groups), _per_group(bias, groups),
-                     float(scale), groups, blas)
+                     float(scale), groups)
     return heads_first(out.reshape(batch, heads, q_len, head_dim))
 
 
@@ -83,34 +87,21 @@ def _grouped(scores: Array, groups: int) -> Array:
     return scores if groups == 1 else scores.reshape(b, kv_heads, groups, rows // groups, kv)
 
 
-# Each product as an einsum over (batch, heads) and as the kernel's transposes.
-_PRODUCTS = {"bnth,bnsh->bnts": (False, True), "bnts,bnsh->bnth": (False, False), "bnts,bnth->bnsh": (True, False)}
-
-
-def _product(equation: str, a: Array, b: Array, blas: bool, preferred_element_type=None, scale: float = 1.0) -> Array:
-    """The einsum times `scale`; with `blas` on the kernel (float32), the scale inside its sgemm."""
-    if blas:
-        transpose_a, transpose_b = _PRODUCTS[equation]
-        return kernels.batched_matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b, alpha=scale)
-    out = jnp.einsum(equation, a, b, preferred_element_type=preferred_element_type)
-    return out if scale == 1.0 else out * scale
-
-
-def _forward(q, k, v, mask, bias, scale, groups, blas):
-    scores = _product("bnth,bnsh->bnts", q, k, blas, jnp.float32, scale)
+def _forward(q, k, v, mask, bias, scale, groups):
+    scores = jnp.einsum("bnth,bnsh->bnts", q, k, preferred_element_type=jnp.float32) * scale
     scores = jnp.where(mask, _grouped(scores, groups) + bias.astype(jnp.float32), _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).reshape(q.shape[:3] + k.shape[2:3])
-    out = _product("bnts,bnsh->bnth", probs.astype(v.dtype), v, blas)
+    out = jnp.einsum("bnts,bnsh->bnth", probs.astype(v.dtype), v)
     return out, probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _attention(q, k, v, mask, bias, scale, groups, blas):
-    return _forward(q, k, v, mask, bias, scale, groups, blas)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attention(q, k, v, mask, bias, scale, groups):
+    return _forward(q, k, v, mask, bias, scale, groups)[0]
 
 
-def _attention_fwd(q, k, v, mask, bias, scale, groups, blas):
-    out, probs = _forward(q, k, v, mask, bias, scale, groups, blas)
+def _attention_fwd(q, k, v, mask, bias, scale, groups):
+    out, probs = _forward(q, k, v, mask, bias, scale, groups)
     return out, (q, k, v, mask, bias, probs)
 
 
@@ -120,15 +111,17 @@ def _sum_to(x: Array, shape: tuple[int, ...]) -> Array:
     return jnp.sum(x, axis=axes, keepdims=True) if axes else x
 
 
-def _attention_bwd(scale, groups, blas, residuals, d_out):
+def _attention_bwd(scale, groups, residuals, d_out):
     q, k, v, mask, bias, probs = residuals
-    d_probs = _product("bnth,bnsh->bnts", d_out, v, blas, jnp.float32)
-    dv = _product("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out, blas)
+    d_probs = jnp.einsum("bnth,bnsh->bnts", d_out, v, preferred_element_type=jnp.float32)
+    dv = jnp.einsum("bnts,bnth->bnsh", probs.astype(d_out.dtype), d_out)
     d_scores = probs * (d_probs - jnp.sum(d_probs * probs, axis=-1, keepdims=True))
-    # On the kernel the scale goes inside its sgemm; on XLA it is applied once, before the cast.
-    ds, ds_scale = (d_scores, scale) if blas else ((d_scores * scale).astype(q.dtype), 1.0)
-    dq = _product("bnts,bnsh->bnth", ds, k, blas, scale=ds_scale)
-    dk = _product("bnts,bnth->bnsh", ds, q, blas, scale=ds_scale)
+    # Masked scores get no gradient: their probability is 0 unless the whole row is masked, and
+    # then the forward pass replaced them by a constant.
+    d_scores = jnp.where(mask, _grouped(d_scores, groups), 0.0).reshape(probs.shape)
+    ds = (d_scores * scale).astype(q.dtype)
+    dq = jnp.einsum("bnts,bnsh->bnth", ds, k)
+    dk = jnp.einsum("bnts,bnth->bnsh", ds, q)
     d_bias = _sum_to(_grouped(d_scores, groups), bias.shape).astype(bias.dtype)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, d_bias
 

@@ -356,7 +356,7 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu(monkeypatch):
     assert layers.attention_implementation("auto", jnp.bfloat16, 64, platform="tpu") == "xla"
 
 
-def test_explicit_blas_runs_the_kernel_in_training_and_xla_products_in_cached_decoding():
+def test_explicit_blas_runs_the_kernel_in_training_and_xla_in_cached_decoding():
     """One query row per cached decoding step: there the products stay on XLA (docs/models.md)."""
     x = jnp.ones((2, 6, 16), jnp.float32)
 
@@ -368,9 +368,9 @@ def test_explicit_blas_runs_the_kernel_in_training_and_xla_products_in_cached_de
             fn = lambda v, x: attention.apply(v, x, x, None)  # noqa: E731
         else:
             fn = lambda v, x: attention.apply(v, x[:, :1], x[:, :1], None, mutable=["cache"])  # noqa: E731
-        return jax.jit(fn).lower(variables, x).as_text().count("t5x_lite_batched_matmul")
+        return jax.jit(fn).lower(variables, x).as_text().count("t5x_lite_attention_")
 
-    assert custom_calls("none") == 2  # the forward pass's two products
+    assert custom_calls("none") == 1  # the fused forward pass
     assert custom_calls("append") == 0
 
 
@@ -409,6 +409,20 @@ def _assert_explicit_attention_equals_xla(rng, q, k, v, bias, blas=False, **kwar
                          jax.grad(loss, argnums=argnums)(xla, *args)):
         assert got.shape == want.shape
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("blas", [False, True])
+def test_a_query_row_with_nothing_visible_gets_no_gradient_as_in_xla(blas):
+    """A fully masked row averages every value (the masked scores are replaced by one constant), so
+    neither its query nor the bias there gets any gradient."""
+    rng = np.random.default_rng(5)
+    batch, length, heads, head_dim = 2, 6, 4, 8
+    q = jnp.asarray(rng.standard_normal((batch, length, heads, head_dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.standard_normal((batch, length, 2, head_dim)), jnp.float32) for _ in range(2))
+    bias = jnp.asarray(rng.standard_normal((1, heads, length, length)), jnp.float32)
+    mask = np.ones((batch, 1, length, length), bool)
+    mask[0, :, 2, :] = False
+    _assert_explicit_attention_equals_xla(rng, q, k, v, bias, mask=jnp.asarray(mask), blas=blas)
 
 
 @pytest.mark.parametrize("blas", [False, True])
