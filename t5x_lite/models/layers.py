@@ -403,9 +403,9 @@ class Attention(nn.Module):
                      use_bias=self.use_bias, name="out")(out)
 
     def _blas_products(self) -> bool:
-        """'explicit_blas' runs its products on the native kernel in training and scoring; cached
-        decoding (a query row per step) keeps XLA's, where one sgemm call per single-row matrix
-        costs more than it saves (docs/benchmarks.md, decoding)."""
+        """'explicit_blas' runs on the fused native kernel in training and scoring; cached decoding
+        (a query row per step) keeps XLA's products, where the kernel measured no steady gain
+        (docs/benchmarks.md, decoding)."""
         return self.implementation == "explicit_blas" and self.kv_cache == "none"
 
     def _append_to_cache(self, k: Array, v: Array, mask: Array | None,
