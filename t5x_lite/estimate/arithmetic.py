@@ -118,8 +118,9 @@ def score_bytes(attention: str, *, dtype_bytes: int) -> tuple[float, float, floa
     'xla' (jax.nn.dot_product_attention differentiated by JAX): scores, mask-added scores,
     softmax and its mask, in the compute dtype; 'explicit' (models/explicit_attention.py): one
     float32 probability array (also under `save_dots`, its output being a dot's), and four float32
-    arrays while the backward pass runs ('explicit_blas', its products on the CPU kernel, the
-    same); 'cudnn': a flash kernel, nothing that size.
+    arrays while the backward pass runs ('explicit_blas', the fused CPU kernel: the same saved
+    array; its backward pass works in per-thread scratch, so its four arrays are an upper bound
+    that did not move the compiled peak); 'cudnn': a flash kernel, nothing that size.
     """
     table = {"xla": (4 * dtype_bytes, dtype_bytes, 4 * dtype_bytes), "explicit": (4, 4, 16),
              "explicit_blas": (4, 4, 16), "cudnn": (0, 0, 0)}

@@ -109,7 +109,7 @@ def gathered_arrays(params: Any, settings: RunSettings, mesh_shape: Mapping[str,
 
 
 ATTENTION_LABELS = {"cudnn": "cuDNN flash attention", "explicit": "explicit attention (float32 probabilities kept)",
-                    "explicit_blas": "explicit attention on the BLAS kernel (float32 probabilities kept)",
+                    "explicit_blas": "explicit attention on the fused CPU kernel (float32 probabilities kept)",
                     "xla": "XLA attention (scores kept)"}
 
 

@@ -63,8 +63,8 @@ class DecoderConfig(ModelConfigBase):
       attention_implementation: 'auto' (cuDNN flash attention on GPUs in bfloat16/float16;
         on CPU 'explicit_blas' in float32 on one device where its kernel builds, else 'explicit';
         XLA otherwise), 'xla', 'cudnn', 'explicit' (the XLA math with a written-out backward
-        pass, models/explicit_attention.py) or 'explicit_blas' (the same with its products on
-        the native CPU kernel, t5x_lite/kernels; float32).
+        pass, models/explicit_attention.py) or 'explicit_blas' (the same math on the fused
+        native CPU kernel, t5x_lite/kernels; float32).
       sliding_window: each position attends only to the last `sliding_window` positions, itself
         included, in training and in cached decoding (Mistral); None: every earlier position.
       cudnn_segments_per_row: with cuDNN attention, packed rows (segment ids) reach the kernel as

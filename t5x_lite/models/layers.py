@@ -254,8 +254,8 @@ def attention_implementation(choice: str, dtype: DType, head_dim: int, *, allow_
                              platform: str | None = None) -> str:
     """Resolves 'auto': cuDNN's fused (flash) attention on GPUs for 16-bit compute; on CPU the
     explicit attention (explicit_attention.py: the XLA math with a written-out backward pass),
-    its products on the native kernel ('explicit_blas', t5x_lite/kernels) in float32 on a single
-    device where the kernel builds, else on XLA ('explicit'); else XLA.
+    on the fused native kernel ('explicit_blas', t5x_lite/kernels) in float32 on a single device
+    where the kernel builds, else on XLA ('explicit'); else XLA.
 
     `jax.nn.dot_product_attention` itself defaults to XLA everywhere, so the choice is made here.
     cuDNN's kernel needs a 16-bit dtype and a head_dim that is a multiple of 8, at most 128;

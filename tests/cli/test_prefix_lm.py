@@ -144,7 +144,7 @@ def test_tiny_decoder_trains_as_a_prefix_lm(small_data_dir, tmp_path):
                      f"--gin.MODEL_DIR='{tmp_path / 'run'}'", *TINY_MODEL, "--gin.TRAIN_STEPS=24",
                      "--gin.train.log_period=6", "--gin.WarmupCosine.warmup_steps=6")
     assert result.returncode == 0, result.stderr[-3000:]
-    # One CPU device in float32: the attention's products on the native kernel, said at start-up.
+    # One CPU device in float32: attention on the fused native kernel, said at start-up.
     assert "model: decoder_only" in result.stdout and "explicit_blas attention" in result.stdout
     seen = losses(result.stdout)
     assert len(seen) == 4 and seen[-1] < seen[0] - 1.0, (seen, result.stdout)

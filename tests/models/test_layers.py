@@ -333,7 +333,7 @@ def test_attention_implementation_resolves_auto_to_explicit_on_cpu(monkeypatch):
     assert jax.default_backend() == "cpu" and jax.device_count() == 8
     for dtype in (jnp.float32, jnp.bfloat16):  # several devices: the kernel has no sharding rule
         assert layers.attention_implementation("auto", dtype, 64) == "explicit"
-    # One device in float32: the products on the native kernel, where it builds.
+    # One device in float32: the fused native kernel, where it builds.
     monkeypatch.setattr(jax, "device_count", lambda: 1)
     assert layers.attention_implementation("auto", jnp.float32, 64) == "explicit_blas"
     assert layers.attention_implementation("auto", jnp.float32, 64, platform="cpu") == "explicit_blas"

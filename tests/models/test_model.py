@@ -141,7 +141,7 @@ def test_configs_name_the_attention_they_run(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_blas_attention_products_give_equal_gradients(policy):
-    """'explicit_blas' (attention's products on the native CPU kernel) inside the scanned stack,
+    """'explicit_blas' (attention on the fused native CPU kernel) inside the scanned stack,
     with and without remat, computes the gradients of 'explicit' (the same products on XLA)."""
     params = _init(BASE, seed=6)
     tokens = _tokens(4, (2, 13))
