@@ -394,7 +394,7 @@ class Attention(nn.Module):
                                                            max_segments=self.cudnn_segments_per_row)
         elif self.implementation in EXPLICIT:
             out = explicit_attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale,
-                                                           is_causal=is_causal, blas=self._blas_products())
+                                                           is_causal=is_causal, blas=self._on_native_kernel())
         else:
             out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale, is_causal=is_causal,
                                                implementation=self.implementation, **window)
@@ -402,7 +402,7 @@ class Attention(nn.Module):
         return Dense((inputs_q.shape[-1],), ("heads", "kv", "embed"), self.dtype, contract_dims=2,
                      use_bias=self.use_bias, name="out")(out)
 
-    def _blas_products(self) -> bool:
+    def _on_native_kernel(self) -> bool:
         """'explicit_blas' runs on the fused native kernel in training and scoring; cached decoding
         (a query row per step) keeps XLA's products, where the kernel measured no steady gain
         (docs/benchmarks.md, decoding)."""
