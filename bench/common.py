@@ -212,7 +212,7 @@ def make_batch(model_config: Any, *, batch: int, length: int, inputs_length: int
     out = {"decoder_input_tokens": tokens(length), "decoder_target_tokens": tokens(length),
            "decoder_loss_weights": np.ones((batch, length), np.float32)}
     prefixes = {"decoder": length}
-    if model_config.family == "encoder_decoder":
+    if "encoder_input_tokens" in model_config.init_inputs():
         out["encoder_input_tokens"] = tokens(inputs_length or length)
         prefixes["encoder"] = inputs_length or length
     if packed_segments:
@@ -247,9 +247,7 @@ def compile_train_step(trainer, batch: Mapping[str, np.ndarray]) -> CompiledStep
 
 def flops_per_token(model_config: Any, length: int, inputs_length: int | None = None) -> float:
     """The library's training FLOPs per (target) token, exactly as `training.loop.train` computes it for MFU."""
-    from t5x_lite.models import train_flops_per_token
-
-    return train_flops_per_token(model_config, targets_length=length, inputs_length=inputs_length)
+    return model_config.train_flops_per_token(targets_length=length, inputs_length=inputs_length)
 
 
 def timed_steps(step: Callable, state: Any, *args: Any, warmup: int, windows: int, steps: int):

@@ -6,8 +6,6 @@ damaged file, and names each field or array that differs.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Any
 
 import jax
@@ -15,6 +13,7 @@ import jax
 from t5x_lite import storage
 from t5x_lite.checkpoints.s3_mirror import CHECKPOINTS
 from t5x_lite.errors import UserError
+from t5x_lite.models import BaseModel
 
 
 class CheckpointMismatchError(UserError, ValueError):
@@ -67,13 +66,7 @@ def check_same_structure(saved_shapes: Any, abstract_state: Any, *, step: int, m
 
 def _with_defaults(family: Any, model: dict) -> dict:
     """A saved model's fields, with the default of each field its config class gained since it was saved."""
-    from t5x_lite.models import CONFIG_CLASSES
-
-    cls = CONFIG_CLASSES.get(family)
-    if cls is None:
-        return model
-    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
-    return {**json.loads(json.dumps(defaults)), **model}
+    return {**BaseModel.field_defaults(family), **model}
 
 
 def check_compatible(saved: dict, current: dict, *, model_dir: str) -> None:

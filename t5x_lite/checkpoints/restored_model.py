@@ -13,13 +13,12 @@ onto one device.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.errors import TaskDataError
-from t5x_lite.models import ModelConfig, config_from_dict
+from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -28,7 +27,7 @@ from t5x_lite.tf_setup import import_tensorflow
 class RestoredModel:
     """A checkpoint's model config and its float32 params, sharded as `placement` says."""
 
-    config: ModelConfig
+    config: BaseModel
     params: Any
     step: int
     model_dir: str
@@ -59,7 +58,7 @@ class RestoredModel:
                             "vocabulary instead.")
 
 
-def restore(path: str, *, step: int | None = None, expected: ModelConfig | None = None,
+def restore(path: str, *, step: int | None = None, expected: BaseModel | None = None,
             mesh_axes: Any = None, rules: Any = None, local: bool = False) -> RestoredModel:
     """Reads the params of `path` (a model directory: its latest step unless `step`; or a step directory).
 
@@ -76,9 +75,8 @@ def restore(path: str, *, step: int | None = None, expected: ModelConfig | None 
     try:
         metadata = checkpoints.metadata(step)
         if expected is not None:
-            current = {"family": expected.family, "model": json.loads(json.dumps(expected.to_dict()))}
-            checkpoint.check_compatible(metadata, current, model_dir=model_dir)
-        config = expected or config_from_dict(metadata["family"], metadata["model"])
+            checkpoint.check_compatible(metadata, expected.metadata(), model_dir=model_dir)
+        config = expected or BaseModel.from_metadata(metadata["family"], metadata["model"])
         placement = Placement.build(mesh_axes=mesh_axes, rules=rules, model=config, local=local)
         params = checkpoints.restore_params(step, shardings=placement.params_shardings(config))
     finally:

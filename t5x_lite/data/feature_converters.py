@@ -75,8 +75,8 @@ _TOKEN_ZERO_SAFE = {"LMFeatureConverter": TokenZeroSafeLMFeatureConverter,
 
 def feature_converter(name: str, *, pack: bool, vocabulary: Any) -> seqio.FeatureConverter:
     """The feature converter `name` (task_access.FEATURE_CONVERTERS) for a task whose targets use `vocabulary`."""
-    class_name, family = FEATURE_CONVERTERS[name]
-    start = tokenizer_files.decoder_start_id(vocabulary) if family == "decoder_only" else 0
+    class_name, one_stream = FEATURE_CONVERTERS[name]
+    start = tokenizer_files.decoder_start_id(vocabulary) if one_stream else 0
     if not tokenizer_files.zero_is_token(vocabulary):
         return getattr(seqio, class_name)(pack=pack, bos_id=start)
     if class_name not in _TOKEN_ZERO_SAFE:

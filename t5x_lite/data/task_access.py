@@ -6,7 +6,7 @@ The batches themselves come from `t5x_lite.data.input_pipeline`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Any, Mapping
 
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
@@ -109,9 +109,10 @@ class DataConfig:
                     f"set to {given}: set the lengths one way only (drop {macro}, or make the two agree).")
         return derived
 
-    def for_model_family(self, family: str) -> "DataConfig":
-        """This config with the feature converter `family` needs filled in (the family's first), or checked."""
-        allowed = [name for name, (_, feeds) in FEATURE_CONVERTERS.items() if feeds == family]
+    def for_model(self, model: Any) -> "DataConfig":
+        """This config with the feature converter the model reads filled in (the first of its
+        `feature_converters`), or checked against them."""
+        allowed, family = list(model.feature_converters), model.family
         if self.feature_converter not in (None, *allowed):
             raise ConfigValueError(f"The {family} model cannot read {self.split} batches from the "
                              f"{self.feature_converter!r} feature converter; set DataConfig.feature_converter "
@@ -153,12 +154,13 @@ class DataConfig:
 
 READERS = ("auto", "index", "stream")
 
-# Name -> (seqio feature converter class name, the model family it feeds); a family's first
-# converter is its default.
+# Name -> (seqio feature converter class name, whether its rows are one decoder stream that starts
+# with the vocabulary's decoder start token (else 0, an encoder-decoder's decoder start)). A model
+# config names the converters it reads (`feature_converters`).
 FEATURE_CONVERTERS = {
-    "lm": ("LMFeatureConverter", "decoder_only"),
-    "prefix_lm": ("PrefixLMFeatureConverter", "decoder_only"),
-    "enc_dec": ("EncDecFeatureConverter", "encoder_decoder"),
+    "lm": ("LMFeatureConverter", True),
+    "prefix_lm": ("PrefixLMFeatureConverter", True),
+    "enc_dec": ("EncDecFeatureConverter", False),
 }
 
 

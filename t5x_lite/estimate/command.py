@@ -33,7 +33,6 @@ from t5x_lite.estimate.layout import check_layout
 from t5x_lite.estimate.memory import compiled_memory, ensure_devices, memory_estimate, request_cpu_devices
 from t5x_lite.estimate.report import format_report
 from t5x_lite.estimate.run_from_gin import RunSettings, run_settings
-from t5x_lite.models import train_flops_per_token
 
 USAGE = """usage: t5x-lite estimate --gin_file=FILE [--gin_file=...] [--gin.KEY=VALUE ...] [flags]
 
@@ -184,13 +183,13 @@ def estimate(settings: RunSettings, flags: Flags) -> dict[str, Any]:
         ensure_devices(num_devices)  # before the arithmetic: a missing device is the first thing to say
 
     lengths = dict(targets_length=data.sequence_length, inputs_length=data.inputs_length)
-    flops_token = train_flops_per_token(model, **lengths)
+    flops_token = model.train_flops_per_token(**lengths)
     # The split reads how the attention term grows with the lengths, which a sliding window caps:
     # it is taken without the window (same 6N), and the attention part is what the window leaves.
     full = dataclasses.replace(model, sliding_window=None) if getattr(model, "sliding_window", None) else model
-    doubled = train_flops_per_token(full, targets_length=2 * data.sequence_length,
-                                    inputs_length=data.inputs_length and 2 * data.inputs_length)
-    six_n, _ = estimate_math.flops_split(flops_per_token=train_flops_per_token(full, **lengths),
+    doubled = full.train_flops_per_token(targets_length=2 * data.sequence_length,
+                                         inputs_length=data.inputs_length and 2 * data.inputs_length)
+    six_n, _ = estimate_math.flops_split(flops_per_token=full.train_flops_per_token(**lengths),
                                          flops_per_token_doubled_lengths=doubled)
     attention = flops_token - six_n
     tokens_per_step = data.batch_size * data.sequence_length

@@ -128,22 +128,14 @@ def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *
                   mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations), attention=attention,
                   saved_bytes=estimate_math.saved_activation_bytes(platform=platform, dtype_bytes=dtype_bytes,
                                                                    scanned=model.scan_layers))
-    q = model.num_heads * model.head_dim / heads_shards
-    heads = model.num_heads / heads_shards  # rows of attention scores per token
     length = data.sequence_length
-    if model.family == "encoder_decoder":
-        inputs = data.inputs_length or length
-        enc = estimate_math.activation_bytes(num_layers=model.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q,
-                               scores=heads * inputs, **common)
-        # Decoder layers: self- and cross-attention, the cross-attention's keys and values over the inputs.
-        dec = estimate_math.activation_bytes(num_layers=model.num_decoder_layers, tokens=rows * length, q=2 * q,
-                                             kv=2 * q + 2 * q * inputs / length, attention_blocks=2,
-                                             scores=heads * (length + inputs), **common)
-        device, host = enc[0] + dec[0], enc[1] + dec[1]
-    else:
-        kv = 2 * model.num_kv_heads * model.head_dim / heads_shards
-        device, host = estimate_math.activation_bytes(num_layers=model.num_layers, tokens=rows * length, q=q, kv=kv,
-                                        scores=heads * length, **common)
+    device = host = 0.0
+    for layers in model.activation_stacks(rows=rows, length=length, inputs_length=data.inputs_length):
+        on_device, on_host = estimate_math.activation_bytes(
+            num_layers=layers["num_layers"], tokens=layers["tokens"], q=layers["q"] / heads_shards,
+            kv=layers["kv"] / heads_shards, scores=layers["scores"] / heads_shards,
+            attention_blocks=layers.get("attention_blocks", 1), **common)
+        device, host = device + on_device, host + on_host
     logits = estimate_math.logits_bytes(tokens=rows * length, vocab_size=model.vocab_size, vocab_shards=vocab_shards)
     return {"rows_per_device": rows, "remat_policy": model.remat_policy, "dtype": model.dtype,
             "attention": ATTENTION_LABELS[attention],

@@ -27,7 +27,7 @@ from t5x_lite.evaluation import seqio_metrics
 from t5x_lite.inference import predict
 from t5x_lite.metrics import tracking
 from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
-from t5x_lite.models import ModelConfig
+from t5x_lite.models import BaseModel
 from t5x_lite.parallel import distributed
 from t5x_lite.parallel.placement import Placement
 
@@ -120,7 +120,7 @@ def evaluate(
     poll_seconds: float = 10.0,
     final_step: int | None = None,
     output_dir: str | None = None,
-    model: ModelConfig | None = None,
+    model: BaseModel | None = None,
     task_module: str | None = None,
     perplexity: PerplexityEval | None = None,
     multiple_choice: Sequence[MultipleChoiceEval] = (),
@@ -299,8 +299,8 @@ def _say(message: str) -> None:
         print(message, flush=True)
 
 
-def _require_decoder(what: str, model: ModelConfig) -> None:
-    if model.family != "decoder_only":
+def _require_decoder(what: str, model: BaseModel) -> None:
+    if not model.continues_text:
         raise ConfigValueError(f"{what} scores decoder-only language models; this checkpoint holds a "
                                f"{model.family} model (use seqio_evals with a score metric instead).")
 
@@ -320,7 +320,7 @@ def _documents(cfg: PerplexityEval) -> tuple[list[list[int]], int]:
     return documents, tokenizer_files.decoder_start_id(task.output_features["targets"].vocabulary)
 
 
-def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: ModelConfig, params: Any,
+def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: BaseModel, params: Any,
                               encode: Callable[[str], list[int]], placement: Placement | None = None,
                               bos_id: int = 0) -> dict[str, float]:
     """acc / acc_norm of one multiple-choice set with these params (also run during training); `bos_id`:

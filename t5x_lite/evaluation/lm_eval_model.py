@@ -35,7 +35,8 @@ from t5x_lite.checkpoints import restored_model
 from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.evaluation import perplexity as perplexity_eval
-from t5x_lite.inference import decoding, predict, scoring
+from t5x_lite.inference import predict, scoring
+from t5x_lite.models.generation import LENGTH_BUCKET
 
 logger = logging.getLogger("lm_eval.t5x_lite")  # shown with lm-eval's own log lines
 
@@ -120,7 +121,7 @@ class T5xLiteLM(LM):
         self.config, self.params = self.restored.config, self.restored.params
         self.placement = self.restored.placement
         self.vocabulary = self.restored.vocabulary()
-        self.decoder_only = self.config.family == "decoder_only"
+        self.decoder_only = self.config.continues_text  # a causal LM: continuations scored after BOS
         self.eos_id = self.vocabulary.eos_id
         # A decoder-only model's first token (a Hugging Face tokenizer's BOS, else EOS; seqio's: 0) and
         # whether id 0 is a real token it may generate (data/tokenizer_files.py).
@@ -199,7 +200,7 @@ class T5xLiteLM(LM):
         (the choices of a multiple-choice question share it), of the longest target's length (bucketed)."""
         inputs = sorted({tuple(x) for x, _ in pairs}, key=len, reverse=True)
         longest = max(len(t) for _, t in pairs)
-        length = -(-longest // decoding.LENGTH_BUCKET) * decoding.LENGTH_BUCKET
+        length = -(-longest // LENGTH_BUCKET) * LENGTH_BUCKET
         outputs = predict.predict(model=self.config, params=self.params, prompts=[list(x) for x in inputs],
                                   decoding_config=predict.DecodingConfig(method="greedy", max_decode_length=length),
                                   eos_id=self.eos_id, batch_size=self.args.batch_size, placement=self.placement)

@@ -28,7 +28,7 @@ from t5x_lite.checkpoints.init_from import flatten, unflatten
 from t5x_lite.data import tokenizer_files
 from t5x_lite.hf import families, rules, safetensors_files
 from t5x_lite.hf.errors import ConversionError
-from t5x_lite.models import config_from_dict
+from t5x_lite.models import BaseModel
 
 CONFIG_FILE = "config.json"
 HF_SUBDIR = "hf"  # in a converted model directory: the Hugging Face folder's non-weight files
@@ -57,9 +57,8 @@ def read_hf_config(model_dir: str) -> dict[str, Any]:
 def abstract_params(model: Any) -> dict[str, Any]:
     """{'/'-joined parameter path: ShapeDtypeStruct} of `model`, without allocating it."""
 
-    tokens = jnp.zeros((1, 8), jnp.int32)
-    args = (tokens, tokens) if model.family == "encoder_decoder" else (tokens,)
-    return flatten(jax.eval_shape(model.make_module().init, jax.random.key(0), *args)["params"])
+    inputs = {k: jnp.zeros(v.shape, v.dtype) for k, v in model.init_inputs().items()}
+    return flatten(jax.eval_shape(model.make_module().init, jax.random.key(0), **inputs)["params"])
 
 
 def check_tensors(steps: list[rules.Step], files: safetensors_files.TensorFiles, mapping: rules.Mapping,
@@ -123,7 +122,7 @@ def from_hf(model_dir: str, out: str, *, scan_layers: bool = True, log: Callable
     gin_text = model_gin(model, header=header)
     storage.write_whole(gin_path, gin_text)
     storage.write_whole(storage.join(out, "config.gin"), gin_text)
-    metadata = {"family": model.family, "model": json.loads(json.dumps(model.to_dict())), "task": None,
+    metadata = {**model.metadata(), "task": None,
                 "vocab_size": model.vocab_size, "num_params": model.num_params(),
                 "converted_from": {"model_dir": os.path.abspath(model_dir), "architecture": family.ARCHITECTURE}}
     # Written last: a model directory with a checkpoint is a complete conversion.
@@ -190,7 +189,7 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
     reader = checkpoint.Checkpointer(model_dir, read_only=True)
     try:
         metadata = reader.metadata(step)
-        model = config_from_dict(metadata["family"], metadata["model"])
+        model = BaseModel.from_metadata(metadata["family"], metadata["model"])
         base = _hf_base_config(model_dir) or _token_ids(model_dir)
         family = families.for_model(model, prefer=base.get("model_type"))
         hf_config = {**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype}

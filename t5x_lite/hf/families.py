@@ -38,10 +38,7 @@ def for_model(model: Any, prefer: str | None = None) -> ModuleType:
     model_type is `prefer` (the config.json a model was converted from) fits too: a Mistral
     without a window goes back as a Mistral.
     """
-    if model.family == "encoder_decoder":
-        candidates = [t5]
-    else:
-        candidates = [llama, mistral, qwen2, gemma, gpt2]
+    candidates = [FAMILIES[model_type] for model_type in model.hf_model_types if model_type in FAMILIES]
     preferred = FAMILIES.get(prefer) if isinstance(prefer, str) else None
     if preferred in candidates and not preferred.differences(model):
         return preferred

@@ -27,7 +27,7 @@ from t5x_lite.checkpoints import lookup, restored_model
 from t5x_lite.data import task_access, task_modules, tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.inference import predict
-from t5x_lite.models import ModelConfig
+from t5x_lite.models import BaseModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +116,7 @@ def infer(
     task_feature_lengths: Mapping[str, int] | None = None,
     shard_index: int | None = None,
     num_shards: int | None = None,
-    model: ModelConfig | None = None,
+    model: BaseModel | None = None,
     task_module: str | None = None,
     mesh_axes: Sequence[tuple[str, int]] | None = None,
     logical_axis_rules: Sequence[tuple[str, Any]] | None = None,

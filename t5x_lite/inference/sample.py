@@ -20,11 +20,11 @@ from t5x_lite.checkpoints import restored_model
 from t5x_lite.data import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding
-from t5x_lite.models import ModelConfig
+from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
 
 
-def sample_texts(*, model: ModelConfig, params: Any, vocabulary: Any, prompts: Sequence[str],
+def sample_texts(*, model: BaseModel, params: Any, vocabulary: Any, prompts: Sequence[str],
                  max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 1.0, placement: Placement | None = None) -> list[str]:
     """Each prompt followed by its sampled continuation, as text (one KV-cached batch).
@@ -55,9 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with errors.reported():
         restored = restored_model.restore(args.model_dir, step=args.step)
-        if restored.config.family != "decoder_only":
+        if not restored.config.continues_text:
             raise ConfigValueError(f"{args.model_dir} holds a {restored.config.family} model; `sample` continues "
-                                   "text with decoder-only models (use `t5x-lite infer` for encoder-decoders).")
+                                   "text with causal language models (use `t5x-lite infer` for encoder-decoders).")
         prompts = args.prompt or [""]
         texts = sample_texts(model=restored.config, params=restored.params, vocabulary=restored.vocabulary(),
                              prompts=prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,

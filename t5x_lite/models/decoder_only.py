@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from t5x_lite.errors import ConfigValueError
+from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.models import layers, masks, packed_attention, stack
-from t5x_lite.models.config_base import ModelConfigBase, check_choice
+from t5x_lite.models import decoder_only_generation as generation
+from t5x_lite.models.base import BaseModel, check_choice
 
 Array = jax.Array
 LOGITS_INIT = nn.initializers.variance_scaling(0.01, "fan_in", "truncated_normal")
@@ -31,7 +32,7 @@ GPT2_EMBED_STDDEV = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig(ModelConfigBase):
+class DecoderConfig(BaseModel):
     """Sizes and switches of a decoder-only LM (bound in gin/models/*.gin).
 
     Attributes:
@@ -106,6 +107,9 @@ class DecoderConfig(ModelConfigBase):
     scale_embeddings: bool = False
 
     family = "decoder_only"
+    continues_text = True
+    feature_converters = ("lm", "prefix_lm")
+    hf_model_types = ("llama", "mistral", "qwen2", "gemma", "gpt2")
 
     def __post_init__(self):
         self._check_common()
@@ -155,6 +159,42 @@ class DecoderConfig(ModelConfigBase):
         block = attention + mlp + 2 * norm
         logits = 0 if self.tie_embeddings else v * d + bias * v
         return self.num_embedding_params() + self.num_layers * block + norm + logits
+
+    def train_flops_per_token(self, *, targets_length: int, inputs_length: int | None = None) -> float:
+        del inputs_length  # a prefix LM's inputs are part of its rows
+        return self.flops_per_token(targets_length)
+
+    def activation_stacks(self, *, rows: int, length: int, inputs_length: int | None) -> list[dict[str, float]]:
+        q = self.num_heads * self.head_dim
+        return [dict(num_layers=self.num_layers, tokens=rows * length, q=q,
+                     kv=2 * self.num_kv_heads * self.head_dim, scores=self.num_heads * length)]
+
+    def check_lengths(self, *, sequence_length: int, split: str) -> None:
+        if sequence_length > self.max_len:
+            raise RunConfigError(
+                f"{split} sequence_length={sequence_length} does not fit the model's "
+                f"max_len={self.max_len}; lower SEQUENCE_LENGTH or raise DecoderConfig.max_len.")
+
+    def max_prompt_tokens(self, max_new_tokens: int = 1) -> int | None:
+        """BOS, the prompt and the new tokens fill at most max_len."""
+        return self.max_len - 1 - max_new_tokens
+
+    def describe_context(self) -> str:
+        return f"the model's context (max_len={self.max_len}: BOS, the prompt and the new tokens)"
+
+    def decode_call(self, rows, *, method, max_new_tokens, sampling, rng, eos_id, bos_id, use_cache=True,
+                    beam_size=4, alpha=0.6):
+        if method not in self.decoding_methods:
+            raise ConfigValueError(f"Decoding method {method!r} is not one a decoder-only model runs; use one of "
+                                   f"{list(self.decoding_methods)}.")
+        return generation.decode_call(self, rows, max_new_tokens=max_new_tokens, sampling=sampling, rng=rng,
+                                      eos_id=eos_id, bos_id=bos_id, use_cache=use_cache)
+
+    def score_call(self, pairs, *, bos_id):
+        """Rows [bos_id, *inputs] + targets ([*inputs] + targets when bos_id is None); [rows, 2]: the
+        targets' summed log-probability, and 1.0 where each target token is the argmax."""
+        prefix = [] if bos_id is None else [bos_id]
+        return generation.score_call(self, [([*prefix, *inputs], targets) for inputs, targets in pairs])
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token: 6 x (matmul params, the output projection included) + attention.

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from t5x_lite.models import layers, masks, stack
-from t5x_lite.models.config_base import ModelConfigBase
+from t5x_lite.models import encoder_decoder_generation as generation
+from t5x_lite.models.base import BaseModel
 from t5x_lite.models.decoder_only import LOGITS_INIT
 
 Array = jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config(ModelConfigBase):
+class T5Config(BaseModel):
     """Sizes and switches of a T5 v1.1 encoder-decoder (bound in gin/models/t5_*.gin).
 
     Attributes:
@@ -68,6 +71,9 @@ class T5Config(ModelConfigBase):
     norm_epsilon: float | None = None
 
     family = "encoder_decoder"
+    feature_converters = ("enc_dec",)
+    decoding_methods = ("greedy", "sample", "beam")
+    hf_model_types = ("t5",)
 
     def __post_init__(self):
         self._check_common()
@@ -96,6 +102,31 @@ class T5Config(ModelConfigBase):
         decoder = s["relpos"] + self.num_decoder_layers * (2 * s["attention"] + s["mlp"] + 3 * d) + d
         logits = 0 if self.tie_embeddings else self.vocab_size * d
         return self.num_embedding_params() + encoder + decoder + logits
+
+    def train_flops_per_token(self, *, targets_length: int, inputs_length: int | None = None) -> float:
+        return self.flops_per_token(targets_length, inputs_length=inputs_length)
+
+    def init_inputs(self, rows: int = 1, length: int = 8, inputs_length: int | None = None) -> dict[str, Any]:
+        return {**super().init_inputs(rows, length),
+                "encoder_input_tokens": jax.ShapeDtypeStruct((rows, inputs_length or length), np.int32)}
+
+    def activation_stacks(self, *, rows: int, length: int, inputs_length: int | None) -> list[dict[str, float]]:
+        inputs = inputs_length or length
+        q, heads = self.num_heads * self.head_dim, self.num_heads
+        # Decoder layers: self- and cross-attention, the cross-attention's keys and values over the inputs.
+        return [dict(num_layers=self.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q, scores=heads * inputs),
+                dict(num_layers=self.num_decoder_layers, tokens=rows * length, q=2 * q,
+                     kv=2 * q + 2 * q * inputs / length, attention_blocks=2, scores=heads * (length + inputs))]
+
+    def decode_call(self, rows, *, method, max_new_tokens, sampling, rng, eos_id, bos_id, use_cache=True,
+                    beam_size=4, alpha=0.6):
+        del bos_id  # the decoder starts from 0
+        return generation.decode_call(self, rows, method=method, max_new_tokens=max_new_tokens, sampling=sampling,
+                                      rng=rng, eos_id=eos_id, use_cache=use_cache, beam_size=beam_size, alpha=alpha)
+
+    def score_call(self, pairs, *, bos_id):
+        del bos_id
+        return generation.score_call(self, pairs)
 
     def flops_per_token(self, seq_len: int, inputs_length: int | None = None) -> float:
         """Training FLOPs per *target* token, the encoder's work on the inputs included.

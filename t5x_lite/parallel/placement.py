@@ -53,22 +53,13 @@ def device_memory_bytes(device: jax.Device) -> int | None:
     return (stats or {}).get("bytes_limit")
 
 
-def model_inputs(config: Any, rows: int = 1, length: int = 8) -> dict[str, jax.ShapeDtypeStruct]:
-    """Input shapes a model of this config can be initialised with, by seqio feature name."""
-    tokens = jax.ShapeDtypeStruct((rows, length), np.int32)
-    inputs = {"decoder_input_tokens": tokens}
-    if config.family != "decoder_only":
-        inputs["encoder_input_tokens"] = tokens
-    return inputs
-
-
 @functools.lru_cache(maxsize=8)
 def params_abstract(config: Any) -> tuple[Any, Any]:
     """(params shapes, their logical PartitionSpecs) of a model config, without allocating params
     (traced once per config: restoring and choosing the mesh both need them)."""
     module = config.make_module()
     variables = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), **{
-        k: np.zeros(v.shape, v.dtype) for k, v in model_inputs(config).items()}))
+        k: np.zeros(v.shape, v.dtype) for k, v in config.init_inputs().items()}))
     return variables["params"], partitioning.params_logical_axes(variables["params_axes"])
 
 

@@ -9,14 +9,13 @@ with the same message when it is not.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Sequence
 
 import jax
 
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import RunConfigError
-from t5x_lite.models import ModelConfig
+from t5x_lite.models import BaseModel
 from t5x_lite.parallel import partitioning, placement
 from t5x_lite.training.optim import Adafactor, AdamW
 from t5x_lite.training.trainer import LossConfig
@@ -31,7 +30,7 @@ class RunSpec:
     The field names are those of `train`'s parameters (and so of the `train.*` gin bindings).
     """
 
-    model: ModelConfig
+    model: BaseModel
     train_data: DataConfig
     eval_data: DataConfig | None = None
     optimizer: AdamW | Adafactor = AdamW()
@@ -47,11 +46,10 @@ class RunSpec:
     def __post_init__(self):
         if self.logical_axis_rules is None:  # no mesh file (config/macro_defaults.py)
             object.__setattr__(self, "logical_axis_rules", partitioning.DEFAULT_RULES)
-        # The data configs as the model family reads them (encoder-decoder: inputs and targets).
-        family = self.model.family
-        object.__setattr__(self, "train_data", self.train_data.for_model_family(family))
+        # The data configs with the feature converter the model reads (encoder-decoder: inputs and targets).
+        object.__setattr__(self, "train_data", self.train_data.for_model(self.model))
         if self.eval_data is not None:
-            object.__setattr__(self, "eval_data", self.eval_data.for_model_family(family))
+            object.__setattr__(self, "eval_data", self.eval_data.for_model(self.model))
 
 
 def with_default_mesh(spec: RunSpec, *, device_bytes: int | None) -> tuple[RunSpec, str | None]:
@@ -80,10 +78,7 @@ def check_layout(spec: RunSpec, *, batch_shards: int, num_processes: int = 1) ->
         raise RunConfigError("Set TRAIN_STEPS or train.num_epochs (or both: the run stops at the first).")
     model = spec.model
     for cfg in filter(None, (spec.train_data, spec.eval_data)):
-        if model.family == "decoder_only" and cfg.sequence_length > model.max_len:
-            raise RunConfigError(
-                f"{cfg.split} sequence_length={cfg.sequence_length} does not fit the model's "
-                f"max_len={model.max_len}; lower SEQUENCE_LENGTH or raise DecoderConfig.max_len.")
+        model.check_lengths(sequence_length=cfg.sequence_length, split=cfg.split)
         if cfg.batch_size % num_processes:
             raise RunConfigError(f"batch_size={cfg.batch_size} must divide over {num_processes} processes.")
         if cfg.batch_size % batch_shards:
@@ -102,7 +97,7 @@ def max_model_vocab_size(vocab_size: int) -> int:
     return max(-(-vocab_size // 128) * 128, vocab_size + vocab_size // 100)
 
 
-def check_vocabulary(model: ModelConfig, vocab_size: int) -> None:
+def check_vocabulary(model: BaseModel, vocab_size: int) -> None:
     """The model's vocab_size must hold the task's vocabulary, padded by at most max_model_vocab_size."""
     largest = max_model_vocab_size(vocab_size)
     if not vocab_size <= model.vocab_size <= largest:
@@ -117,9 +112,7 @@ def checkpoint_metadata(spec: RunSpec, *, vocab_size: int) -> dict:
     """What `checkpoint info` shows and what a resumed run is checked against."""
     mesh_axes = spec.mesh_axes
     return {
-        "family": spec.model.family,
-        # Through JSON, so it compares equal to what a checkpoint's metadata reads back (lists, not tuples).
-        "model": json.loads(json.dumps(spec.model.to_dict())),
+        **spec.model.metadata(),
         "task": spec.train_data.mixture_or_task_name,
         "vocab_size": vocab_size,
         "sequence_length": spec.train_data.sequence_length,

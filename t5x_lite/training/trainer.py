@@ -1,11 +1,10 @@
 """The jitted train and eval steps, and the sharded train state they update.
 
-A step sees a global batch in seqio's feature names: `decoder_target_tokens` and
-`decoder_loss_weights` are the labels, and every other feature (`decoder_input_tokens`, and
-for encoder-decoders `encoder_input_tokens`, with packing the `*_segment_ids` and
-`*_positions`) is passed to the model by name. The same trainer therefore serves both model
-families. The loss is normalised per non-padding target token over the whole
-global batch, so gradient accumulation and the device count do not change it.
+A step sees a global batch in seqio's feature names; the model's family computes its loss sums
+and target weight (`BaseModel.loss_sums`, `loss_weight`: by default `decoder_target_tokens` and
+`decoder_loss_weights` are the labels and every other feature is passed to the module by name),
+so the same trainer serves every family. The loss is normalised per non-padding target token
+over the whole global batch, so gradient accumulation and the device count do not change it.
 """
 
 from __future__ import annotations
@@ -22,8 +21,10 @@ import optax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from t5x_lite.models import losses
-from t5x_lite.parallel import partitioning, placement
+from t5x_lite.models import BaseModel
+from t5x_lite.parallel import partitioning
+from t5x_lite.parallel import placement as placement_lib
+from t5x_lite.parallel.placement import Placement
 from t5x_lite.training import optim
 
 Batch = dict[str, jax.Array]
@@ -51,27 +52,17 @@ class LossConfig:
     label_smoothing: float = 0.0
 
 
-LABEL_FEATURES = ("decoder_target_tokens", "decoder_loss_weights")
-
-
 def model_inputs(batch: Batch) -> Batch:
     """The features a model reads (everything but the labels), by seqio name."""
-    return {k: v for k, v in batch.items() if k not in LABEL_FEATURES}
-
-
-def _logits(model: nn.Module, params: Any, batch: Batch, *, deterministic: bool, rng=None) -> jax.Array:
-    rngs = None if deterministic else {"dropout": rng}
-    return model.apply({"params": params}, **model_inputs(batch), deterministic=deterministic, rngs=rngs)
+    return BaseModel.model_inputs(batch)
 
 
 def loss_sums(model: nn.Module, params: Any, batch: Batch, loss_config: LossConfig, *,
               deterministic: bool, rng=None) -> dict[str, jax.Array]:
-    """Summed loss, z-loss and target-token count of one (micro)batch."""
-    logits = _logits(model, params, batch, deterministic=deterministic, rng=rng)
-    return losses.weighted_loss_sums(
-        logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
-        z_loss=loss_config.z_loss, label_smoothing=loss_config.label_smoothing,
-    )
+    """Summed loss, z-loss and target weight of one (micro)batch, as the module's family computes them."""
+    return model.config.loss_sums(params, batch, z_loss=loss_config.z_loss,
+                                  label_smoothing=loss_config.label_smoothing, deterministic=deterministic,
+                                  rng=rng, module=model)
 
 
 def _unchanged(params: Any, opt_state: Any, grads: Any) -> tuple[Any, Any]:
@@ -92,25 +83,31 @@ class Trainer:
     model: nn.Module
     optimizer: optax.GradientTransformation
     learning_rate_fn: optax.Schedule
-    mesh: Mesh
-    rules: partitioning.LogicalRules
     clip_grad_norm: float | None
+    placement: Placement | None = None  # where the state and batches live; else built from mesh and rules
+    mesh: Mesh | None = None
+    rules: partitioning.LogicalRules | None = None
     loss_config: LossConfig = LossConfig()
     microbatches: int = 1
 
     @classmethod
-    def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, mesh: Mesh, rules: partitioning.LogicalRules,
+    def for_run(cls, *, model: Any, optimizer: Any, total_steps: int, placement: Placement | None = None,
+                mesh: Mesh | None = None, rules: partitioning.LogicalRules | None = None,
                 loss: LossConfig = LossConfig(), microbatches: int = 1) -> "Trainer":
-        """The trainer of a run: the model config's module (a DecoderConfig or T5Config) and the
-        optimizer's (AdamW or Adafactor) transformation and schedule built for `total_steps`."""
-        logical_axes = placement.params_abstract(model)[1]
+        """The trainer of a run: the model config's module and the optimizer config's transformation
+        and schedule built for `total_steps`, on `placement` (or a placement of `mesh` and `rules`)."""
+        logical_axes = placement_lib.params_abstract(model)[1]
         return cls(model=model.make_module(), optimizer=optimizer.build(total_steps, logical_axes=logical_axes),
-                   learning_rate_fn=optimizer.schedule(total_steps), mesh=mesh, rules=rules, loss_config=loss,
+                   learning_rate_fn=optimizer.schedule(total_steps), placement=placement, mesh=mesh, rules=rules,
+                   loss_config=loss,
                    microbatches=microbatches, clip_grad_norm=optimizer.clip_grad_norm)
 
     def __post_init__(self):
-        self.rules = partitioning.rules_for_mesh(self.rules, self.mesh)
-        self.batch_sharding = partitioning.batch_sharding(self.mesh, self.rules)
+        if self.placement is None:
+            self.placement = Placement(mesh=self.mesh, rules=tuple(self.rules or partitioning.DEFAULT_RULES))
+        # One owner of the mesh, its rules (resolved for the mesh once) and the batch sharding.
+        self.mesh, self.rules = self.placement.mesh, self.placement.rules
+        self.batch_sharding = self.placement.batch_sharding
         self._replicated = NamedSharding(self.mesh, PartitionSpec())
         self.state_shardings = None
         self._train_step = None
@@ -178,7 +175,7 @@ class Trainer:
 
     def _train_step_fn(self, state: TrainState, batch: Batch, dropout_rng: jax.Array):
         rng = jax.random.fold_in(dropout_rng, state.step)
-        total_weight = jnp.maximum(jnp.sum(batch["decoder_loss_weights"].astype(jnp.float32)), 1.0)
+        total_weight = jnp.maximum(self.model.config.loss_weight(batch), 1.0)
 
         def micro_loss(params, micro, micro_rng):
             sums = loss_sums(self.model, params, micro, self.loss_config, deterministic=False, rng=micro_rng)

@@ -309,11 +309,11 @@ def test_decoding_may_generate_token_0_when_it_is_real():
 
     logits = jnp.asarray([[5.0, 1.0, 0.0]])
     settings = dict(temperature=0.0, top_k=0, top_p=1.0)
-    assert int(decoding._next_token(logits, None, **settings)[0]) == 1  # seqio's padding is never chosen
-    assert int(decoding._next_token(logits, None, **settings, zero_is_token=True)[0]) == 0
-    assert decoding.until_eos([4, 0, 3, 9, 5], eos_id=9) == [4]
-    assert decoding.until_eos([4, 0, 3, 9, 5], eos_id=9, zero_is_token=True) == [4, 0, 3]
-    assert decoding.until_eos([4, 0, decoding.STOPPED, 0], eos_id=9, zero_is_token=True) == [4, 0]
+    assert int(generation.next_token(logits, None, **settings)[0]) == 1  # seqio's padding is never chosen
+    assert int(generation.next_token(logits, None, **settings, zero_is_token=True)[0]) == 0
+    assert generation.until_eos([4, 0, 3, 9, 5], eos_id=9) == [4]
+    assert generation.until_eos([4, 0, 3, 9, 5], eos_id=9, zero_is_token=True) == [4, 0, 3]
+    assert generation.until_eos([4, 0, generation.STOPPED, 0], eos_id=9, zero_is_token=True) == [4, 0]
 
 
 # --------------------------------------------------------------------------------------- prepare

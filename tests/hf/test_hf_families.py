@@ -22,6 +22,7 @@ from t5x_lite.checkpoints.init_from import flatten  # noqa: E402
 from t5x_lite.hf import convert, families  # noqa: E402
 from t5x_lite.hf.errors import ConversionError  # noqa: E402
 from t5x_lite.inference import decoding  # noqa: E402
+from t5x_lite.models import generation  # noqa: E402
 from tests.cli_helpers import VOCAB, losses, run_cli  # noqa: E402
 from tests.hf.hf_helpers import (  # noqa: E402
     all_tensors,
@@ -121,9 +122,9 @@ def test_mistral_cached_decoding_past_the_window_equals_recomputing_and_transfor
     assert decoding.generate_batch(**args, use_cache=False) == cached
     hf = load_hf(hf_folders["mistral"])
     for prompt, tokens in zip(prompts, cached):
-        sequence = [decoding.PAD_ID, *prompt, *tokens]  # the model reads BOS (id 0) first
+        sequence = [generation.PAD_ID, *prompt, *tokens]  # the model reads BOS (id 0) first
         logits = hf_logits(hf, [sequence])[0, len(prompt):len(sequence) - 1]
-        logits[:, decoding.PAD_ID] = -np.inf  # never generated
+        logits[:, generation.PAD_ID] = -np.inf  # never generated
         assert logits.argmax(-1).tolist() == tokens
 
 

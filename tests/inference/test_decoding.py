@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from t5x_lite.inference import decoding
-from t5x_lite.models import decoder_only, encoder_decoder
+from t5x_lite.models import decoder_only, encoder_decoder, generation
 from tests.param_trees import unrolled_params
 
 LLAMA = decoder_only.DecoderConfig(vocab_size=32, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -39,14 +39,14 @@ def _distinct_logits(seed, shape):
 def test_temperature_scales_logits():
     logits = _distinct_logits(0, (2, 10))
     for t in (0.5, 1.0, 2.5):
-        out = decoding.filter_logits(jnp.asarray(logits), temperature=t, top_k=0, top_p=1.0)
+        out = generation.filter_logits(jnp.asarray(logits), temperature=t, top_k=0, top_p=1.0)
         np.testing.assert_allclose(np.asarray(out), logits / t, rtol=1e-6)
 
 
 @pytest.mark.parametrize("k", [1, 3, 7])
 def test_top_k_keeps_exactly_k_largest(k):
     logits = _distinct_logits(1, (4, 12))
-    out = np.asarray(decoding.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=k, top_p=1.0))
+    out = np.asarray(generation.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=k, top_p=1.0))
     finite = np.isfinite(out)
     assert np.all(finite.sum(-1) == k)
     for row in range(logits.shape[0]):
@@ -69,7 +69,7 @@ def _numpy_top_p_keep(logits, p):
 @pytest.mark.parametrize("p", [0.05, 0.3, 0.6, 0.9, 0.99])
 def test_top_p_keeps_smallest_prefix_reaching_p(p):
     logits = _distinct_logits(2, (5, 16))
-    out = np.asarray(decoding.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=0, top_p=p))
+    out = np.asarray(generation.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=0, top_p=p))
     for row in range(logits.shape[0]):
         kept = set(np.flatnonzero(np.isfinite(out[row])))
         assert kept == _numpy_top_p_keep(logits[row].astype(np.float64), p), (row, p)
@@ -79,12 +79,12 @@ def test_top_p_keeps_smallest_prefix_reaching_p(p):
 def test_top_p_applies_after_temperature():
     logits = _distinct_logits(3, (3, 16))
     t, p = 3.0, 0.5
-    out = np.asarray(decoding.filter_logits(jnp.asarray(logits), temperature=t, top_k=0, top_p=p))
+    out = np.asarray(generation.filter_logits(jnp.asarray(logits), temperature=t, top_k=0, top_p=p))
     for row in range(logits.shape[0]):
         kept = set(np.flatnonzero(np.isfinite(out[row])))
         assert kept == _numpy_top_p_keep(logits[row].astype(np.float64) / t, p)
     # A hotter temperature flattens the distribution, so at least as many tokens survive.
-    cold = np.asarray(decoding.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=0, top_p=p))
+    cold = np.asarray(generation.filter_logits(jnp.asarray(logits), temperature=1.0, top_k=0, top_p=p))
     assert np.all(np.isfinite(out).sum(-1) >= np.isfinite(cold).sum(-1))
 
 
@@ -141,10 +141,10 @@ def _full_forward_logits(cfg, params, sequence):
 
 def _manual_greedy(cfg, params, prompt, max_new):
     """Runs the plain model on [BOS=0, *prompt, *generated] each step."""
-    seq, new = [decoding.PAD_ID, *prompt], []
+    seq, new = [generation.PAD_ID, *prompt], []
     for _ in range(max_new):
         logits = _full_forward_logits(cfg, params, seq)
-        logits[decoding.PAD_ID] = -np.inf
+        logits[generation.PAD_ID] = -np.inf
         new.append(int(np.argmax(logits)))
         seq.append(new[-1])
     return new
@@ -204,7 +204,7 @@ def test_sampling_gives_the_same_tokens_cached_or_not():
     kwargs = dict(temperature=0.8, top_k=10, top_p=0.95, params=params)
     sampled = _generate(LLAMA, PROMPTS, **kwargs)
     assert sampled == _generate(LLAMA, PROMPTS, use_cache=False, **kwargs)
-    assert all(decoding.PAD_ID not in row for row in sampled)
+    assert all(generation.PAD_ID not in row for row in sampled)
     # It is sampling: another rng or greedy decoding gives other tokens.
     other = decoding.generate_batch(model=LLAMA, params=params, prompts=PROMPTS, max_new_tokens=MAX_NEW,
                                     rng=jax.random.PRNGKey(1), eos_id=NO_EOS, temperature=0.8, top_k=10, top_p=0.95)
@@ -267,7 +267,7 @@ def _t5_logprob(params, inputs, targets):
     """Per row: sum of log p(target) from one plain forward pass, PAD excluded as in decoding."""
     decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # BOS = 0
     logits = T5.make_module().apply({"params": params}, inputs, decoder_inputs)
-    logprobs = jax.nn.log_softmax(logits.at[..., decoding.PAD_ID].set(-jnp.inf))
+    logprobs = jax.nn.log_softmax(logits.at[..., generation.PAD_ID].set(-jnp.inf))
     picked = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(targets > 0, picked, 0.0), axis=-1)
 
@@ -314,11 +314,11 @@ def test_beam_search_finds_likelier_outputs_than_greedy():
 
 def test_brevity_penalty():
     lengths = np.arange(1, 20)
-    np.testing.assert_allclose(decoding.brevity_penalty(0.0, lengths), 1.0)
-    np.testing.assert_allclose(decoding.brevity_penalty(0.6, 1), 1.0)
-    np.testing.assert_allclose(decoding.brevity_penalty(0.6, 7), 2.0**0.6, rtol=1e-6)
+    np.testing.assert_allclose(generation.brevity_penalty(0.0, lengths), 1.0)
+    np.testing.assert_allclose(generation.brevity_penalty(0.6, 1), 1.0)
+    np.testing.assert_allclose(generation.brevity_penalty(0.6, 7), 2.0**0.6, rtol=1e-6)
     for alpha in (0.3, 0.6, 2.0):
-        assert np.all(np.diff(np.asarray(decoding.brevity_penalty(alpha, lengths))) > 0)
+        assert np.all(np.diff(np.asarray(generation.brevity_penalty(alpha, lengths))) > 0)
 
 
 def test_length_penalty_is_applied_and_changes_the_choice():
@@ -331,7 +331,7 @@ def test_length_penalty_is_applied_and_changes_the_choice():
     def penalized_logprobs(outputs):
         # log p / ((5 + length) / 6) ** alpha, EOS counted in the length; unfinished outputs count MAX_NEW.
         lengths = [len(t) + 1 if len(t) < MAX_NEW else MAX_NEW for t in outputs]
-        return _logprobs(outputs, eos) / np.asarray(decoding.brevity_penalty(alpha, np.asarray(lengths)))
+        return _logprobs(outputs, eos) / np.asarray(generation.brevity_penalty(alpha, np.asarray(lengths)))
 
     plain, penalized = search(0.0), search(alpha)
     plain_tokens, tokens = [t for t, _ in plain], [t for t, _ in penalized]
