@@ -1,7 +1,7 @@
 """step_ab: variants of the train step timed in one process, in alternating windows.
 
 Separate runs of a benchmark compare badly on a shared machine: its speed drifts by 10-20%
-within minutes (docs/benchmarks.md), more than most changes to a step are worth. Here each
+within minutes (bench/NOTES.md), more than most changes to a step are worth. Here each
 variant is compiled once in the same process, then the variants take turns: --rounds rounds,
 each running a window of --steps steps of every variant (in the order given on even rounds,
 reversed on odd ones, so no variant always follows the same other). A variant's time in a round

@@ -1,7 +1,7 @@
 """Host memory for XLA:CPU: map a step's large buffers in 2 MiB pages, not 4 KiB ones.
 
 XLA:CPU allocates a compiled program's temporary buffers (one block: 674 MiB for the d512
-decoder's train step in docs/benchmarks.md) afresh on every call and frees them after it.
+decoder's train step in bench/NOTES.md) afresh on every call and frees them after it.
 glibc's malloc maps a block that large with mmap and unmaps it when freed, so every step faults
 each page of it in again: about 173,000 page faults and 0.28 s of kernel CPU time per step of
 that decoder (1.15 s of wall time on 2 cores). Where the kernel gives transparent huge pages on request

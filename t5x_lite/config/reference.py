@@ -19,17 +19,6 @@ from typing import Any, Sequence
 from t5x_lite import host_memory
 from t5x_lite.config import registry
 
-SECTIONS = {
-    "Runs": ("train", "evaluate", "infer"),
-    "Models": ("DecoderConfig", "T5Config"),
-    "Data and tasks": ("DataConfig", "lm_task", "span_corruption_task", "prefix_lm_task", "text_task",
-                       "text_to_text_task", "mixture"),
-    "Optimization": ("AdamW", "Adafactor", "LossConfig"),
-    "Learning-rate schedules": ("WarmupCosine", "WarmupLinear", "RsqrtDecay", "Constant", "WarmupStableDecay"),
-    "Checkpoints": ("RetentionPolicy", "InitFrom"),
-    "Evaluation and decoding": ("PerplexityEval", "MultipleChoiceEval", "SeqioEval", "DecodingConfig"),
-    "Metric writers": ("TensorBoardWriter", "WandbWriter", "MlflowWriter"),
-}
 HEADINGS = ("Args:", "Attributes:")
 MAX_DEFAULT_CHARS = 60
 
@@ -112,7 +101,7 @@ def _cell(text: str) -> str:
 def render() -> str:
     """The whole reference as markdown."""
     found = configurables()
-    sections = {title: [n for n in names if n in found] for title, names in SECTIONS.items()}
+    sections = {title: [n for n in names if n in found] for title, names in registry.sections().items()}
     listed = {n for names in sections.values() for n in names}
     sections["Other"] = sorted(n for n in found if n not in listed)
     out = ["# Configuration reference", "",

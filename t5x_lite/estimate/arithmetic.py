@@ -63,7 +63,7 @@ def gathered_bytes(*, unscanned: Sequence[float], layer_stacks: Sequence[float])
     the step peaks, with every saved activation still live: outside the layer loops, at the loss
     and the logits' backward pass, the unscanned arrays are whole on each device (gathered, or as
     gradients not yet reduced), the largest once more (compiled steps on 8 host devices:
-    docs/benchmarks.md, large models); inside a loop one layer's gathered weights and their whole
+    bench/NOTES.md, large models); inside a loop one layer's gathered weights and their whole
     gradient, which count instead when larger.
     """
     outside = sum(unscanned) + max(unscanned, default=0.0)
@@ -184,7 +184,7 @@ def saved_activation_bytes(*, platform: str, dtype_bytes: int, scanned: bool) ->
     """Bytes per saved activation element on the device. XLA:CPU has no bfloat16 dynamic slice: it
     computes each read of a layer's slice of a saved bfloat16 stack in float32, and the backward
     loop's converts, being the same every iteration, are hoisted out of it, so the whole stack is
-    held in float32 (docs/benchmarks.md, large models). Other backends keep the compute dtype."""
+    held in float32 (bench/NOTES.md, large models). Other backends keep the compute dtype."""
     return 4 if platform == "cpu" and scanned and dtype_bytes < 4 else dtype_bytes
 
 

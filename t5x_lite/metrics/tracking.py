@@ -62,11 +62,20 @@ class Sink(Protocol):
     def close(self, status: str) -> None: ...
 
 
+# Every metric writer class, in the order they are defined: subclassing `MetricWriter` registers
+# one (gin binds it under its class name and the configuration reference documents it).
+WRITERS: dict[str, type["MetricWriter"]] = {}
+
+
 class MetricWriter:
     """Base of the writer specs: where a run's scalars go. Subclasses are frozen dataclasses."""
 
     kind: ClassVar[str] = ""  # names the tracking/<kind>_run_id file
     remote: ClassVar[bool] = False  # True: a failed write is a warning line, not the end of the run
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        WRITERS.setdefault(cls.__name__, cls)  # the first of a name: gin's own subclass of it is not another
 
     def check(self) -> None:
         """Raises a UserError if this writer cannot work here (a missing package or setting). Writes nothing."""

@@ -69,7 +69,7 @@ class DecoderConfig(BaseModel):
       sliding_window: each position attends only to the last `sliding_window` positions, itself
         included, in training and in cached decoding (Mistral); None: every earlier position.
       cudnn_segments_per_row: with cuDNN attention, packed rows (segment ids) reach the kernel as
-        each segment's offset and length (models/packed_attention.py; faster: docs/benchmarks.md,
+        each segment's offset and length (models/packed_attention.py; faster: docs/performance.md,
         GPU section) instead of as a dense mask; the most segments one row may hold, a padding
         tail counting as one. The train loop refuses a batch with a row holding more (check_batch);
         such a row comes out NaN, never wrong. None: the dense mask. No effect on other

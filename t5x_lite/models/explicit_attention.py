@@ -10,7 +10,7 @@ batched matmul over (batch, head), and the gradient reuses the saved probabiliti
 
 Autodiff of the XLA implementation transposes the [batch, heads, q, kv] score and
 probability arrays in the backward pass; on CPU those copies cost more than the products
-(docs/benchmarks.md). `layers.attention_implementation('auto')` picks this on CPU.
+(bench/NOTES.md). `layers.attention_implementation('auto')` picks this on CPU.
 
 With `blas=True` ('explicit_blas') the same math runs on the fused native CPU kernel
 (t5x_lite/kernels: per (batch, key/value head) its products as OpenBLAS sgemms and its softmax

@@ -115,7 +115,7 @@ def float32_norm(normalize: Callable[..., Array], x: Array, *params: Array, epsi
     Saved, they are float32 arrays of the norm's input size (twice its size for 16-bit input): in
     a scanned bf16 decoder without remat they were the largest activations (the 350M decoder on
     one H100: 25.4 instead of 32.9 GiB, and 5% faster steps, when recomputed; float32 on CPU:
-    docs/benchmarks.md).
+    bench/NOTES.md).
     """
     return recomputed(functools.partial(normalize, epsilon=epsilon, dtype=dtype), x, *params)
 
@@ -405,7 +405,7 @@ class Attention(nn.Module):
     def _on_native_kernel(self) -> bool:
         """'explicit_blas' runs on the fused native kernel in training and scoring; cached decoding
         (a query row per step) keeps XLA's products, where the kernel measured no steady gain
-        (docs/benchmarks.md, decoding)."""
+        (bench/NOTES.md, decoding)."""
         return self.implementation == "explicit_blas" and self.kv_cache == "none"
 
     def _append_to_cache(self, k: Array, v: Array, mask: Array | None,

@@ -4,7 +4,7 @@
 reaches cuDNN as an additive bias: the fused kernel reads it and its backward pass writes its
 gradient, and the work between segments is done and then masked away. cuDNN's packed layout
 takes, per row, where each run of one segment id starts and how long it is instead, and attends
-within each run only (docs/benchmarks.md, GPU section, for what that saves).
+within each run only (docs/performance.md, GPU section, for what that saves).
 JAX exposes that layout only through its private `fused_attention_stablehlo` module, which is
 used here and nowhere else (its signature is the same in jax 0.10 and 0.11).
 

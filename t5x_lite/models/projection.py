@@ -8,7 +8,7 @@ math as JAX's own, but arranged so that no large array is transposed:
   ([tokens, features], the largest array of the layer, vocab-wide for the logits) out
   feature-major before the dot, and on CPU it fuses that transpose into the elementwise op
   that produces `g`, which then writes with a stride of a whole row. In the benchmark
-  decoder those copies took about 30% of the step (docs/benchmarks.md).
+  decoder those copies took about 30% of the step (bench/NOTES.md).
 - Here the kernel gradient is `dot(x, g)` over the batch dimensions, which comes out in the
   kernel's own layout [in..., out...]; XLA transposes `x` (narrower than `g` for every MLP
   and logits projection) or nothing at all.
@@ -21,7 +21,7 @@ The kernel comes in as the float32 parameter itself, with the dtype to cast it t
 axes: the forward pass saves the parameter, which a scan over layers already holds, and the
 backward pass constrains and casts it again. Saving the cast kernel instead made the scan stack a
 bfloat16 copy of every layer's weights for the backward pass (without remat), and XLA:CPU a
-float32 copy of that (docs/benchmarks.md, large models).
+float32 copy of that (bench/NOTES.md, large models).
 """
 
 from __future__ import annotations

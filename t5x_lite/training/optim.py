@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec
 from t5x_lite.training import adafactor
 from t5x_lite.training.schedules import (  # noqa: F401 (the schedules, importable from here too)
     SCHEDULES,
+    Schedule,
     Constant,
     Problems,
     RsqrtDecay,
@@ -60,15 +61,45 @@ def _with_clipping_slot(tx: optax.GradientTransformation, clip_grad_norm: float 
 
 
 def _check_schedule(problems: Problems, name: str, schedule: Any) -> None:
-    if isinstance(schedule, SCHEDULES):
+    if isinstance(schedule, Schedule):
         schedule.check(problems)
     else:
         problems.add(f"{name}.learning_rate", schedule, "must be a schedule: " + ", ".join(
-            f"@{cls.__name__}()" for cls in SCHEDULES))
+            f"@{name}()" for name in SCHEDULES))
+
+
+# Every optimizer config class, in the order they are defined: subclassing `Optimizer` registers
+# one (gin binds it under its class name and the configuration reference documents it).
+OPTIMIZERS: dict[str, type["Optimizer"]] = {}
+
+
+class Optimizer:
+    """Base of the optimizer configs `train.optimizer` takes: a frozen dataclass with a
+    `learning_rate` schedule and `clip_grad_norm` (None: no clipping)."""
+
+    learning_rate: Any
+    clip_grad_norm: float | None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        OPTIMIZERS.setdefault(cls.__name__, cls)  # the first of a name: gin's own subclass of it is not another
+
+    def schedule(self, total_steps: int) -> optax.Schedule:
+        """The learning rate of a run of `total_steps` optimizer steps."""
+        return self.learning_rate.build(total_steps)
+
+    def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
+        """The optax transformation for a run of `total_steps` steps, without the gradient clipping
+        (the train step clips: `clip_by_global_norm`). `logical_axes`: the params' logical PartitionSpecs."""
+        raise NotImplementedError
+
+    def check(self, problems: Problems) -> None:
+        """Adds each bad value, named as gin binds it, to `problems`."""
+        _check_schedule(problems, type(self).__name__, self.learning_rate)
 
 
 @dataclasses.dataclass(frozen=True)
-class AdamW:
+class AdamW(Optimizer):
     """AdamW with a learning-rate schedule and global-norm clipping (bound in gin/runs/pretrain.gin).
 
     Attributes:
@@ -86,10 +117,6 @@ class AdamW:
     eps: float = 1e-8
     weight_decay: float = 0.1
     clip_grad_norm: float | None = 1.0
-
-    def schedule(self, total_steps: int) -> optax.Schedule:
-        """The learning rate of a run of `total_steps` optimizer steps."""
-        return self.learning_rate.build(total_steps)
 
     def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
         """The optax transformation for a run of `total_steps` optimizer steps (`logical_axes` unused).
@@ -111,7 +138,7 @@ class AdamW:
 
 
 @dataclasses.dataclass(frozen=True)
-class Adafactor:
+class Adafactor(Optimizer):
     """Adafactor as t5x trains T5: factored second moments, no momentum, update clipping, steps
     relative to each parameter's scale (`optax.adafactor`, applied per layer: adafactor.py).
 
@@ -146,10 +173,6 @@ class Adafactor:
     min_dim_size_to_factor: int = 128
     clip_grad_norm: float | None = None
 
-    def schedule(self, total_steps: int) -> optax.Schedule:
-        """The learning rate of a run of `total_steps` optimizer steps."""
-        return self.learning_rate.build(total_steps)
-
     def build(self, total_steps: int, logical_axes: Any = None) -> optax.GradientTransformation:
         """The optax transformation for a run of `total_steps` steps on params with these
         `logical_axes` (their tree of logical PartitionSpecs, e.g. placement.params_abstract's).
@@ -180,15 +203,12 @@ class Adafactor:
         problems.number("Adafactor.clip_grad_norm", self.clip_grad_norm, low=0, optional=True)
 
 
-OPTIMIZERS = (AdamW, Adafactor)
-
-
 def check_optimizer(problems: Problems, optimizer: Any) -> None:
     """Adds each bad value of `train.optimizer` (and of its schedule) to `problems`."""
-    if isinstance(optimizer, OPTIMIZERS):
+    if isinstance(optimizer, Optimizer):
         optimizer.check(problems)
     else:
-        problems.add("train.optimizer", optimizer, "must be " + " or ".join(f"@{c.__name__}()" for c in OPTIMIZERS))
+        problems.add("train.optimizer", optimizer, "must be " + " or ".join(f"@{name}()" for name in OPTIMIZERS))
 
 
 def state_logical_specs(optimizer: optax.GradientTransformation, opt_state: Any, params: Any,

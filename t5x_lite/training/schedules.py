@@ -107,8 +107,28 @@ def _decay_after_warmup(decay_steps: int | None, warmup_steps: int, total_steps:
     return decay_steps if decay_steps is not None else max(total_steps - warmup_steps, 1)
 
 
+# Every schedule class, in the order they are defined: subclassing `Schedule` registers one (gin
+# binds it under its class name and the configuration reference documents it).
+SCHEDULES: dict[str, type["Schedule"]] = {}
+
+
+class Schedule:
+    """Base of the learning-rate schedule configs an optimizer's `learning_rate` takes (frozen dataclasses)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        SCHEDULES.setdefault(cls.__name__, cls)  # the first of a name: gin's own subclass of it is not another
+
+    def build(self, total_steps: int) -> Any:
+        """The optax schedule (step -> learning rate) of a run of `total_steps` optimizer steps."""
+        raise NotImplementedError
+
+    def check(self, problems: Problems) -> None:
+        """Adds each bad value, named as gin binds it, to `problems`."""
+
+
 @dataclasses.dataclass(frozen=True)
-class WarmupCosine:
+class WarmupCosine(Schedule):
     """Linear warmup from 0 to the peak, then cosine decay to a fraction of it.
 
     Attributes:
@@ -136,7 +156,7 @@ class WarmupCosine:
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupLinear:
+class WarmupLinear(Schedule):
     """Linear warmup from 0 to the peak, then a linear decay to a fraction of it.
 
     Attributes:
@@ -164,7 +184,7 @@ class WarmupLinear:
 
 
 @dataclasses.dataclass(frozen=True)
-class RsqrtDecay:
+class RsqrtDecay(Schedule):
     """t5x's `constant * rsqrt_decay`: base / sqrt(max(step, warmup_steps)) (T5's pre-training rate).
 
     With t5x's defaults the rate is 0.01 for the first 10,000 steps, then falls as 1/sqrt(step).
@@ -190,7 +210,7 @@ class RsqrtDecay:
 
 
 @dataclasses.dataclass(frozen=True)
-class Constant:
+class Constant(Schedule):
     """A constant learning rate, after an optional linear warmup from 0.
 
     Attributes:
@@ -213,7 +233,7 @@ class Constant:
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupStableDecay:
+class WarmupStableDecay(Schedule):
     """Warmup, a flat stretch at the peak, then a decay over the last fraction of the run.
 
     The decay covers the last `decay_fraction` of the run's steps (never reaching back into the
@@ -264,5 +284,3 @@ def _check_peak_warmup_decay(problems: Problems, name: str, schedule: Any) -> No
     problems.integer(f"{name}.decay_steps", schedule.decay_steps, optional=True)
     problems.number(f"{name}.final_learning_rate_fraction", schedule.final_learning_rate_fraction, low=0, high=1)
 
-
-SCHEDULES = (WarmupCosine, WarmupLinear, RsqrtDecay, Constant, WarmupStableDecay)

@@ -2,7 +2,7 @@
 lengths describe the same attention pattern as the dense mask, and the decoder that passes them
 computes what the dense mask computes. cuDNN's kernel runs only on GPUs; here its call is replaced
 by the XLA math over a mask rebuilt from the offsets and lengths it receives, so everything up to
-the kernel runs (the kernel itself: docs/benchmarks.md, GPU section, checked against XLA there)."""
+the kernel runs (the kernel itself: bench/NOTES.md, GPU section, checked against XLA there)."""
 
 import dataclasses
 import functools
