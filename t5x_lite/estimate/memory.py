@@ -124,15 +124,15 @@ def activations_estimate(settings: RunSettings, mesh_shape: Mapping[str, int], *
     vocab_shards = logical_shards(("batch", "length", "vocab"), rules, mesh_shape)[2]
     rows = data.batch_size // batch_shards // settings.microbatches
     dtype_bytes = jnp.dtype(model.dtype).itemsize
-    common = dict(policy=model.remat_policy, dtype_bytes=dtype_bytes, width=model.emb_dim,
-                  mlp=model.mlp_dim / mlp_shards, n_mlp_in=len(model.mlp_activations), attention=attention,
+    common = dict(policy=model.remat_policy, dtype_bytes=dtype_bytes, attention=attention,
                   saved_bytes=estimate_math.saved_activation_bytes(platform=platform, dtype_bytes=dtype_bytes,
                                                                    scanned=model.scan_layers))
     length = data.sequence_length
     device = host = 0.0
     for layers in model.activation_stacks(rows=rows, length=length, inputs_length=data.inputs_length):
         on_device, on_host = estimate_math.activation_bytes(
-            num_layers=layers["num_layers"], tokens=layers["tokens"], q=layers["q"] / heads_shards,
+            num_layers=layers["num_layers"], tokens=layers["tokens"], width=layers["width"],
+            mlp=layers["mlp"] / mlp_shards, n_mlp_in=layers["n_mlp_in"], q=layers["q"] / heads_shards,
             kv=layers["kv"] / heads_shards, scores=layers["scores"] / heads_shards,
             attention_blocks=layers.get("attention_blocks", 1), **common)
         device, host = device + on_device, host + on_host

@@ -105,8 +105,9 @@ class BaseModel:
         return "xla"
 
     def activation_stacks(self, *, rows: int, length: int, inputs_length: int | None) -> list[dict[str, float]]:
-        """Per stack of layers, what the memory estimate's activation arithmetic needs (unsharded):
-        num_layers, tokens, q and kv widths per token, attention score columns per head, attention blocks."""
+        """Per stack of layers, what the memory estimate's activation arithmetic needs (unsharded): num_layers,
+        tokens, width (the residual stream), mlp (hidden width) and n_mlp_in (its input projections), q and kv
+        widths per token, scores (attention score columns over all heads) and attention_blocks (default 1)."""
         raise NotImplementedError
 
     def check_lengths(self, *, sequence_length: int, split: str) -> None:
@@ -165,10 +166,10 @@ class BaseModel:
             return
         for i, prompt in enumerate(prompts):
             if len(prompt) > longest:
+                room = f" and {max_new_tokens} new token{'s' if max_new_tokens > 1 else ''}" if max_new_tokens else ""
                 raise PromptTooLongError(
                     f"{what} {first_index + i} has {len(prompt)} tokens, but {self.describe_context()} holds at "
-                    f"most {longest} prompt tokens with {max_new_tokens} new one(s); shorten or drop that prompt"
-                    " (or ask for fewer new tokens).")
+                    f"most {longest} prompt tokens{room}; shorten or drop that prompt.")
 
     def describe_context(self) -> str:
         """How the model's context is limited, for the prompt-length message."""

@@ -166,8 +166,9 @@ class DecoderConfig(BaseModel):
 
     def activation_stacks(self, *, rows: int, length: int, inputs_length: int | None) -> list[dict[str, float]]:
         q = self.num_heads * self.head_dim
-        return [dict(num_layers=self.num_layers, tokens=rows * length, q=q,
-                     kv=2 * self.num_kv_heads * self.head_dim, scores=self.num_heads * length)]
+        return [dict(num_layers=self.num_layers, tokens=rows * length, width=self.emb_dim, mlp=self.mlp_dim,
+                     n_mlp_in=len(self.mlp_activations), q=q, kv=2 * self.num_kv_heads * self.head_dim,
+                     scores=self.num_heads * length)]
 
     def check_lengths(self, *, sequence_length: int, split: str) -> None:
         if sequence_length > self.max_len:

@@ -113,10 +113,12 @@ class T5Config(BaseModel):
     def activation_stacks(self, *, rows: int, length: int, inputs_length: int | None) -> list[dict[str, float]]:
         inputs = inputs_length or length
         q, heads = self.num_heads * self.head_dim, self.num_heads
+        mlp = dict(width=self.emb_dim, mlp=self.mlp_dim, n_mlp_in=len(self.mlp_activations))
         # Decoder layers: self- and cross-attention, the cross-attention's keys and values over the inputs.
-        return [dict(num_layers=self.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q, scores=heads * inputs),
+        return [dict(num_layers=self.num_encoder_layers, tokens=rows * inputs, q=q, kv=2 * q, scores=heads * inputs,
+                     **mlp),
                 dict(num_layers=self.num_decoder_layers, tokens=rows * length, q=2 * q,
-                     kv=2 * q + 2 * q * inputs / length, attention_blocks=2, scores=heads * (length + inputs))]
+                     kv=2 * q + 2 * q * inputs / length, attention_blocks=2, scores=heads * (length + inputs), **mlp)]
 
     def decode_call(self, rows, *, method, max_new_tokens, sampling, rng, eos_id, bos_id, use_cache=True,
                     beam_size=4, alpha=0.6):

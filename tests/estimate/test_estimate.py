@@ -19,7 +19,6 @@ from t5x_lite.estimate import accelerators, run_from_gin
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate import command as estimate
 from t5x_lite.estimate import memory as estimate_memory
-from t5x_lite.models import train_flops_per_token
 from tests.cli_helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +31,7 @@ SMALL_RUN = ["BATCH_SIZE=8", "SEQUENCE_LENGTH=32", "DecoderConfig.num_layers=2",
 def _param_shapes(model):
     """The real module's parameter tree, as shapes (jax.eval_shape: a 1.3B model is not allocated)."""
     module = model.make_module()
-    inputs = {"decoder_input_tokens": jnp.zeros((1, 8), jnp.int32)}
-    if model.family == "encoder_decoder":
-        inputs["encoder_input_tokens"] = jnp.zeros((1, 8), jnp.int32)
+    inputs = {k: jnp.zeros(v.shape, v.dtype) for k, v in model.init_inputs().items()}
 
     return jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), **inputs)["params"])
 
@@ -211,7 +208,7 @@ def test_cli_json_with_prepared_metadata(tmp_path, capsys):
     assert (data["tokens_per_epoch"], data["steps_per_epoch"], data["planned_steps"]) == (40_960, 10, 30)
     assert result["mesh"]["shape"] == {"replica": 1, "data": 2, "fsdp": 1, "tensor": 1}
     model = run_from_gin.model_from_gin(config_resolve.load_run(gin_files=["models/decoder_tiny.gin"], entry="train"))
-    per_token = train_flops_per_token(model, targets_length=256)
+    per_token = model.train_flops_per_token(targets_length=256)
     assert result["flops"]["per_token"] == pytest.approx(per_token)
     assert result["time"]["tokens"] == 30 * 16 * 256
     assert result["time"]["seconds"] == pytest.approx(30 * 16 * 256 * per_token / (0.5 * 1e12 * 2))

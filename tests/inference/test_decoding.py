@@ -8,8 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5x_lite.errors import UserError
 from t5x_lite.inference import decoding
 from t5x_lite.models import decoder_only, encoder_decoder, generation
+from t5x_lite.models.generation import PromptTooLongError
 from tests.param_trees import unrolled_params
 
 LLAMA = decoder_only.DecoderConfig(vocab_size=32, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -193,10 +195,10 @@ def test_generate_matches_a_manual_loop_of_full_forward_passes():
     params = _decoder_params(LLAMA)
     expected = _manual_greedy(LLAMA, params, PROMPTS[0], MAX_NEW)
     assert _greedy_reference("llama_scan")[0] == expected
-    # `generate` (inference.sample.sample_texts uses it) takes a module and one prompt.
-    out = decoding.generate(model=LLAMA.make_module(), params=params, prompt=PROMPTS[0], max_new_tokens=MAX_NEW,
-                            max_len=LLAMA.max_len, rng=jax.random.PRNGKey(5), temperature=0.0)
-    assert out == expected
+    # One prompt alone through the front door inference.sample.sample_texts uses.
+    out = decoding.generate_batch(model=LLAMA, params=params, prompts=[PROMPTS[0]], max_new_tokens=MAX_NEW,
+                                  rng=jax.random.PRNGKey(5), temperature=0.0)
+    assert out == [expected]
 
 
 def test_sampling_gives_the_same_tokens_cached_or_not():
@@ -235,12 +237,18 @@ def test_max_new_tokens_and_max_len_bound_each_row():
     assert _generate(GPT2, [full]) == [[]]
 
 
-def test_too_long_prompt_raises():
-    with pytest.raises(ValueError, match="max_len"):
+def test_too_long_prompt_raises_the_users_error_naming_the_prompt():
+    with pytest.raises(PromptTooLongError, match=r"prompt 1 has \d+ tokens.*max_len=") as raised:
         _generate(LLAMA, [PROMPTS[0], [3] * LLAMA.max_len])
-    with pytest.raises(ValueError, match="max_len"):
-        decoding.generate(model=LLAMA.make_module(), params=_decoder_params(LLAMA), prompt=[3] * 16,
-                          max_new_tokens=4, max_len=16, rng=jax.random.PRNGKey(0))
+    assert isinstance(raised.value, UserError)
+    # The one rule: BOS + prompt must fit max_len; the prompt may then leave no room for new tokens.
+    longest = LLAMA.max_prompt_tokens(max_new_tokens=0)
+    assert longest == LLAMA.max_len - 1
+    assert _generate(LLAMA, [[3] * longest]) == [[]]
+    with pytest.raises(PromptTooLongError):
+        _generate(LLAMA, [[3] * (longest + 1)])
+    # An encoder-decoder's inputs have no such limit.
+    assert T5.max_prompt_tokens(max_new_tokens=4) is None
 
 
 # ---------------------------------------------------------------------------- encoder-decoder
