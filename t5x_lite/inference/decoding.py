@@ -17,7 +17,6 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from flax import linen as nn
 
 from t5x_lite.models import BaseModel
 from t5x_lite.models.generation import PAD_ID, STOPPED, DecodeCall, sampling_settings, until_eos
@@ -93,18 +92,6 @@ def generate_batch(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[
         model=model, params=params, prompts=prompts, method=method, max_new_tokens=max_new_tokens, rng=rng,
         temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id, bos_id=bos_id,
         zero_is_token=zero_is_token, use_cache=use_cache, placement=placement)]
-
-
-def generate(*, model: nn.Module | BaseModel, params: Any, prompt: Sequence[int], max_new_tokens: int,
-             max_len: int, rng: Array, temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0,
-             eos_id: int = 1) -> list[int]:
-    """One prompt through `generate_batch`, with BOS + prompt + new tokens capped at `max_len`."""
-    config = model.config if isinstance(model, nn.Module) else model
-    if len(prompt) + 1 > max_len:
-        raise ValueError(f"The prompt has {len(prompt)} tokens but max_len is {max_len}; shorten the prompt.")
-    max_new_tokens = min(max_new_tokens, max_len - len(prompt) - 1)
-    return generate_batch(model=config, params=params, prompts=[prompt], max_new_tokens=max_new_tokens, rng=rng,
-                          temperature=temperature, top_k=top_k, top_p=top_p, eos_id=eos_id)[0]
 
 
 def generate_seq2seq(*, model: BaseModel, params: Any, inputs: Sequence[Sequence[int]], max_decode_length: int,
