@@ -22,6 +22,7 @@ import gin
 from gin import resource_reader
 
 from t5x_lite.config import registry
+from t5x_lite.data import task_modules
 from t5x_lite.errors import UserError
 
 
@@ -77,6 +78,7 @@ def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
         gin.add_config_file_search_path(path)
     if not gin_files:
         raise ConfigError("No --gin_file given; for example --gin_file=runs/quickstart.gin.")
+    task_modules.make_current_directory_importable()  # a gin file's `import` of the user's own module
     reading: list[str] = []  # the gin file being parsed (innermost include last), while it is
     try:
         with _quiet_search_misses(), _noting_files(reading):

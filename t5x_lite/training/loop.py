@@ -2,13 +2,15 @@
 
 `train` is what gin binds (gin/runs/); it checks the run (run_spec.py), sets it up
 (startup.py) and hands the state to `run_steps`, the loop itself. Reports, evaluations,
-samples and checkpoints are hooks (hooks.py) the loop calls after every step.
+samples and checkpoints are hooks (builtin_hooks.py), and so are the user's own
+(`train.hooks`, hooks.py): the loop calls each after the steps its period names.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Callable, Sequence
 
 import gin
@@ -18,17 +20,18 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints.retention import RetentionPolicy
-from t5x_lite.data import input_pipeline, task_access, task_modules, tokenizer_files
+from t5x_lite.data import input_pipeline, task_access, task_modules
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.evaluation import eval_loop
 from t5x_lite.metrics import tracking
 from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
-from t5x_lite.models import ModelConfig, stack, train_flops_per_token
+from t5x_lite.models import BaseModel, stack
 from t5x_lite.parallel import distributed, partitioning
 from t5x_lite.parallel.placement import Placement, device_memory_bytes
-from t5x_lite.training import hooks, profiling, reporting, run_spec, run_values, startup
+from t5x_lite.training import builtin_hooks, profiling, reporting, run_spec, run_values, startup
 from t5x_lite.training import trainer as trainer_lib
 from t5x_lite.training.optim import Adafactor, AdamW
+from t5x_lite.training.hooks import Hook, Latest, RunContext, StepInfo, check_hooks
 from t5x_lite.training.periods import parse_period
 from t5x_lite.training.preemption import Preempted, PreemptionWatcher
 from t5x_lite.training.run_spec import DEFAULT_MESH_AXES, RunSpec
@@ -39,7 +42,7 @@ ON_NONFINITE = ("stop", "skip")
 def train(
     *,
     model_dir: str,
-    model: ModelConfig,
+    model: BaseModel,
     train_data: task_access.DataConfig,
     eval_data: task_access.DataConfig | None = None,
     optimizer: AdamW | Adafactor = AdamW(),
@@ -67,6 +70,7 @@ def train(
     task_module: str | None = None,
     profile_steps: Sequence[int] | None = None,
     metric_writers: Sequence[tracking.MetricWriter] = DEFAULT_WRITERS,
+    hooks: Sequence[Hook] = (),
 ) -> dict[str, float]:
     """Trains a model (decoder-only or encoder-decoder) and returns the last train and eval metrics.
 
@@ -111,6 +115,9 @@ def train(
         `stop` to MODEL_DIR/profile/process_<i>/ for TensorBoard (None: no trace; docs/profiling.md).
       metric_writers: where the scalars go: [@TensorBoardWriter()] (MODEL_DIR/tb/), @WandbWriter(),
         @MlflowWriter(), several at once (docs/metrics.md); only process 0 writes.
+      hooks: the user's own hooks, e.g. [@MyHook()] (subclasses of t5x_lite.training.hooks.Hook
+        from a module the gin file imports), called after the built-in ones at each hook's own
+        period `every` and after the last step (docs/hooks.md).
     """
     spec = RunSpec(model=model, train_data=train_data, eval_data=eval_data, optimizer=optimizer, loss=loss,
                    mesh_axes=mesh_axes, logical_axis_rules=logical_axis_rules, train_steps=train_steps,
@@ -127,6 +134,7 @@ def train(
     if on_nonfinite not in ON_NONFINITE:
         raise ConfigValueError(f"train.on_nonfinite={on_nonfinite!r}: use one of {ON_NONFINITE}.")
     profiling.check_profile_steps(profile_steps)
+    check_hooks(hooks, name="train.hooks")  # each is a Hook, with a period for `every`
     eval_every = parse_period(eval_period, name="train.eval_period")
     checkpoint_every = parse_period(checkpoint_period, name="train.checkpoint_period")
     model_dir = storage.absolute(model_dir)
@@ -135,15 +143,15 @@ def train(
     if task_module:
         task_modules.import_task_module(task_module)
     spec, mesh_note = run_spec.with_default_mesh(spec, device_bytes=device_memory_bytes(jax.local_devices()[0]))
-    mesh = partitioning.make_mesh(axes=spec.mesh_axes)
-    rules = partitioning.rules_for_mesh(spec.logical_axis_rules, mesh)
-    run_spec.check_layout(spec, batch_shards=partitioning.num_batch_shards(mesh, rules),
-                          num_processes=jax.process_count())
+    # The run's one mesh and rule table (resolved for the mesh once): the trainer, the batches,
+    # samples and multiple choice all live there.
+    placement = Placement(mesh=partitioning.make_mesh(axes=spec.mesh_axes), rules=spec.logical_axis_rules)
+    run_spec.check_layout(spec, batch_shards=placement.batch_shards, num_processes=jax.process_count())
     stack.check_backend_supports(model.remat_policy)
     vocab_size = task_access.vocabulary_size(spec.train_data)
     run_spec.check_vocabulary(model, vocab_size)
     metadata = run_spec.checkpoint_metadata(spec, vocab_size=vocab_size)
-    if multiple_choice and (model.family != "decoder_only" or eval_data is None):
+    if multiple_choice and (not model.continues_text or eval_data is None):
         raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
                              "a decoder-only model and train.eval_data.")
 
@@ -151,10 +159,10 @@ def train(
     latest = startup.check_model_dir(model_dir, metadata=metadata, init_from=init_from)
     # Epochs are planned (counted up front) whenever their boundaries matter.
     plan_epochs = bool(num_epochs) or eval_every.in_epochs or checkpoint_every.in_epochs
-    data = startup.build_train_data(spec, partitioning.batch_sharding(mesh, rules), plan_epochs=plan_epochs)
+    data = startup.build_train_data(spec, placement.batch_sharding, plan_epochs=plan_epochs)
     total_steps = min(s for s in (train_steps, num_epochs and data.steps_per_epoch * num_epochs) if s)
-    trainer = trainer_lib.Trainer.for_run(model=model, optimizer=optimizer, total_steps=total_steps, mesh=mesh,
-                                          rules=rules, loss=loss, microbatches=microbatches)
+    trainer = trainer_lib.Trainer.for_run(model=model, optimizer=optimizer, total_steps=total_steps,
+                                          placement=placement, loss=loss, microbatches=microbatches)
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(data.iterator.close)
         # One writer per model directory: taken before the checkpointer cleans up or writes anything.
@@ -168,61 +176,52 @@ def train(
             checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0, enabled=distributed.is_chief(),
             progress_bar=progress_bar, writers=metric_writers, model_dir=model_dir, config_text=config_text,
             stopped_by=(Preempted,)))
-        startup.describe_run(writer, spec, mesh, data, mesh_note=mesh_note)
+        startup.describe_run(writer, spec, placement.mesh, data, mesh_note=mesh_note)
         start = startup.restore_or_initialise(spec=spec, trainer=trainer, checkpointer=checkpointer,
                                               iterator=data.iterator, metadata=metadata, config_text=config_text,
                                               init_from=init_from, seed=seed, writer=writer,
                                               is_chief=distributed.is_chief())
-        vocabulary = task_access.get_task(spec.train_data.mixture_or_task_name).output_features["targets"].vocabulary
-        prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt or ())
-        if prompts and model.family != "decoder_only":
-            writer.print("samples skipped: sampling during training supports decoder-only models")
-            prompts = []
-        step_metrics = hooks.StepMetrics(
-            writer=writer, log_period=log_period, train_steps=train_steps,
-            tokens_per_step=spec.train_data.batch_size * spec.train_data.sequence_length,
-            flops_per_token=train_flops_per_token(model, targets_length=spec.train_data.sequence_length,
-                                                  inputs_length=spec.train_data.inputs_length),
-            peak_flops_per_device=peak_flops_per_device, stop_on_nonfinite=on_nonfinite == "stop")
-        placement = Placement(mesh=trainer.mesh, rules=trainer.rules)  # samples and multiple choice run there
-        samples = hooks.Samples(writer=writer, model=model, vocabulary=vocabulary, prompts=prompts,
-                                max_new_tokens=sample_max_new_tokens, seed=seed, at_end_too=eval_data is None,
-                                placement=placement)
-        evaluation = None if eval_data is None else hooks.Evaluation(
-            writer=writer, trainer=trainer, data=spec.eval_data, period=eval_every, train_steps=train_steps,
-            max_batches=eval_batches, model=model, multiple_choice=multiple_choice,
-            encode=lambda text: list(vocabulary.encode(text)), samples=samples, placement=placement,
-            bos_id=tokenizer_files.decoder_start_id(vocabulary))
-        checkpoints = hooks.Checkpoints(
-            writer=writer, checkpointer=checkpointer, period=checkpoint_every,
-            dropout_rng=start.dropout_rng, iterator=data.iterator, metadata=metadata, config_text=config_text,
-            async_save=async_checkpoints, step_metrics=step_metrics, evaluation=evaluation,
-            last_saved=start.restored_step, lease=lease)
+        # The loop's hooks: the built-in ones in their order (builtin_hooks.py), then the user's.
+        built_in, checkpoints = builtin_hooks.builtin_hooks(
+            spec=spec, writer=writer, trainer=trainer, placement=placement, iterator=data.iterator,
+            checkpointer=checkpointer, lease=lease, dropout_rng=start.dropout_rng, metadata=metadata,
+            config_text=config_text, stop_on_nonfinite=on_nonfinite == "stop", log_period=log_period,
+            eval_period=eval_period, eval_batches=eval_batches, multiple_choice=multiple_choice,
+            sample_prompt=sample_prompt, sample_max_new_tokens=sample_max_new_tokens, seed=seed,
+            checkpoint_every=checkpoint_every, async_checkpoints=async_checkpoints)
         profiler = profiling.StepProfiler(profile_steps, log_dir=profiling.trace_dir(model_dir, jax.process_index()),
                                           first_step=int(start.state.step), print_fn=writer.print)
         cleanup.callback(profiler.stop)
-        initial_loss_check = None
+        initial_loss_check = None  # a new run scores its first batch before the first step: near ln(vocab)?
         if start.restored_step is None and init_from is None:
-            def initial_loss_check(state, batch):
-                reporting.sanity_check_initial_loss(trainer, state.params, batch, model.vocab_size,
-                                                    init_loss_tolerance, writer)
+            initial_loss_check = functools.partial(reporting.sanity_check_initial_loss, trainer,
+                                                   vocab_size=model.vocab_size, tolerance=init_loss_tolerance,
+                                                   writer=writer)
+        run = RunContext(model_dir=model_dir, model=model, trainer=trainer, print=writer.print, scalars=writer.scalars,
+                         is_chief=distributed.is_chief(), start_step=int(start.state.step))
         info = run_steps(
             state=start.state, dropout_rng=start.dropout_rng, trainer=trainer, iterator=data.iterator,
-            train_steps=train_steps, num_epochs=num_epochs, profiler=profiler, checkpoints=checkpoints,
-            step_hooks=[step_metrics, hooks.EpochLog(writer=writer, iterator=data.iterator),
-                        *([evaluation] if evaluation else []), checkpoints, samples],
-            watcher=cleanup.enter_context(PreemptionWatcher()), initial_loss_check=initial_loss_check)
-    return {**{f"train/{k}": v for k, v in step_metrics.last.items()},
-            **{f"eval/{k}": v for k, v in (evaluation.last if evaluation else {}).items()}, "step": info.step}
+            train_steps=train_steps, num_epochs=num_epochs, hooks=[*built_in, *hooks], run=run,
+            latest=Latest(saved_step=start.restored_step), save_on_stop=checkpoints.save_and_wait,
+            profiler=profiler, watcher=cleanup.enter_context(PreemptionWatcher()),
+            initial_loss_check=initial_loss_check)
+    return {**{f"train/{k}": v for k, v in info.latest.train.items()},
+            **{f"eval/{k}": v for k, v in info.latest.eval.items()}, "step": info.step}
 
 
 def run_steps(*, state: trainer_lib.TrainState, dropout_rng: jax.Array, trainer: trainer_lib.Trainer,
               iterator: input_pipeline.BatchIterator, train_steps: int | None, num_epochs: int | None,
-              step_hooks: Sequence[hooks.Hook], checkpoints: hooks.Checkpoints, profiler: profiling.StepProfiler,
-              watcher: PreemptionWatcher, initial_loss_check: Callable | None = None) -> hooks.StepInfo:
-    """The loop: a step, then each hook; stops at the step or epoch limit, or saved and stopped on request."""
+              hooks: Sequence[Hook], run: RunContext, latest: Latest,
+              save_on_stop: Callable[[StepInfo], None], profiler: profiling.StepProfiler, watcher: PreemptionWatcher,
+              initial_loss_check: Callable | None = None) -> StepInfo:
+    """The loop: a step, then each hook that is due (`start` before, `at_end` after); stops at the
+    step or epoch limit, or saves and stops when asked to (SIGTERM, a preemption notice)."""
+    periods = check_hooks(hooks, name="train.hooks")
     step = int(state.step)
-    info = hooks.StepInfo(step=step, state=state, epochs_finished=iterator.epoch, end_of_epoch=False, final=False)
+    info = StepInfo(step=step, state=state, metrics={}, epochs_finished=iterator.epoch, end_of_epoch=False,
+                    final=False, latest=latest)
+    for hook in hooks:
+        hook.start(run)
     # Check the step limit before taking a batch: a batch taken is a batch the saved
     # iterator state counts as seen.
     while train_steps is None or step < train_steps:
@@ -231,19 +230,20 @@ def run_steps(*, state: trainer_lib.TrainState, dropout_rng: jax.Array, trainer:
             break
         batch = trainer.place_batch(batch)
         if step == 0 and initial_loss_check:
-            initial_loss_check(state, batch)
+            initial_loss_check(state.params, batch)
         with profiler.step(step, outputs=lambda: state):
-            state, step_metrics = trainer.train_step(state, batch, dropout_rng)
+            state, metrics = trainer.train_step(state, batch, dropout_rng)
         step += 1
-        info = hooks.StepInfo(step=step, state=state, epochs_finished=iterator.epoch,
-                              end_of_epoch=iterator.end_of_epoch,
-                              final=step == train_steps or (num_epochs is not None and iterator.epoch >= num_epochs))
-        for hook in step_hooks:
-            hook.after_step(info, step_metrics)
+        info = StepInfo(step=step, state=state, metrics=metrics, epochs_finished=iterator.epoch,
+                        end_of_epoch=iterator.end_of_epoch, latest=latest,
+                        final=step == train_steps or (num_epochs is not None and iterator.epoch >= num_epochs))
+        for hook, period in zip(hooks, periods):
+            if info.final or info.due(period):
+                hook.run(info)
         stop_reason = watcher.should_stop(step)
         if stop_reason and not info.final:  # a stop asked for at the last step: the run simply ends
-            checkpoints.save_and_wait(info)
+            save_on_stop(info)
             raise Preempted(step, stop_reason)
-    for hook in step_hooks:
+    for hook in hooks:
         hook.at_end(info)
     return info

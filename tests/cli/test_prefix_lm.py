@@ -9,10 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_lite.data import builtin_tasks
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.models import decoder_only, masks
+from t5x_lite.models import DecoderConfig, T5Config, decoder_only, masks
 from tests.cli_helpers import TINY_MODEL, losses, run_cli
 
 CFG = decoder_only.DecoderConfig(vocab_size=64, emb_dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -104,12 +103,13 @@ def test_prefix_lm_data_config():
     assert config.seqio_lengths() == {"inputs": 32, "targets": 32}
     assert config.model_feature_shapes(4) == {"decoder_input_tokens": (4, 64), "decoder_causal_attention": (4, 64)}
     assert dataclasses.replace(config, inputs_length=48).seqio_lengths() == {"inputs": 48, "targets": 16}
-    assert config.for_model_family("decoder_only").feature_converter == "prefix_lm"
-    assert DataConfig("task").for_model_family("decoder_only").feature_converter == "lm"
+    decoder, t5 = DecoderConfig(), T5Config()
+    assert config.for_model(decoder).feature_converter == "prefix_lm"
+    assert DataConfig("task").for_model(decoder).feature_converter == "lm"
     with pytest.raises(ConfigValueError, match="'enc_dec'"):
-        config.for_model_family("encoder_decoder")
+        config.for_model(t5)
     with pytest.raises(ConfigValueError, match="'lm' or 'prefix_lm'"):
-        DataConfig("task", inputs_length=8, feature_converter="enc_dec").for_model_family("decoder_only")
+        DataConfig("task", inputs_length=8, feature_converter="enc_dec").for_model(decoder)
     for inputs_length in (0, 64):
         with pytest.raises(ConfigValueError, match="INPUTS_LENGTH between 1 and 63"):
             DataConfig("task", sequence_length=64, inputs_length=inputs_length, feature_converter="prefix_lm")
@@ -118,7 +118,7 @@ def test_prefix_lm_data_config():
 def test_packed_rows_score_only_the_targets(small_data_dir):
     import seqio
 
-    prefix_lm = builtin_tasks.load("prefix_lm")
+    from t5x_lite.data.tasks import prefix_lm
 
     name = prefix_lm.prefix_lm_task(name="test_prefix_lm_rows", data_dir=str(small_data_dir))
     config = DataConfig(name, sequence_length=64, feature_converter="prefix_lm")

@@ -14,6 +14,7 @@ import pytest
 from t5x_lite.config import parsing
 from t5x_lite.config import resolve as config_resolve
 from t5x_lite.data.task_access import DEFAULT_SEQUENCE_LENGTH, DataConfig
+from t5x_lite.models import DecoderConfig
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.estimate.run_from_gin import run_settings
 from t5x_lite.parallel import partitioning, placement
@@ -154,7 +155,7 @@ def test_task_feature_lengths_that_disagree_or_are_malformed_fail_with_the_fix(l
 def test_task_feature_lengths_with_inputs_for_a_plain_decoder_says_what_to_do():
     config = DataConfig(mixture_or_task_name="t", task_feature_lengths={"inputs": 8, "targets": 16})
     with pytest.raises(ConfigValueError, match="prefix_lm"):
-        config.for_model_family("decoder_only")
+        config.for_model(DecoderConfig())
 
 
 # ------------------------------------------------------------------------------ default mesh
