@@ -32,7 +32,7 @@ class MissingExtraError(ConfigValueError):
 
 
 class TaskDataError(UserError, ValueError):
-    """A task's data is missing, empty or malformed (raised by the task modules in tasks/)."""
+    """A task's data is missing, empty or malformed (raised by the task modules in data/tasks/)."""
 
 
 class EvalDataError(TaskDataError):

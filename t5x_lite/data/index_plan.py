@@ -7,9 +7,11 @@ cache (`use_cached=True`: `lm_task`, or `text_task` whose cache holds the tokeni
 mixture of such tasks. Everything else is read by streaming through seqio's tf.data pipeline:
 tasks with on-the-fly preprocessing (raw text read uncached, span corruption's noise, prefix
 LM's split points), other feature converters, unpacked rows, and mixtures with
-`exhaust_all_tasks`. `plan` says which, and why, for the start-up line.
+`exhaust_all_tasks`. `plan` says which, and why, for the start-up line. The rules are
+data/epochs.py's (which `t5x-lite estimate` follows too); this module describes the registered
+task or mixture to them and reads the split entries they ask for.
 
-The task modules of tasks/ register here what they know of a task (`register_lm_task`,
+The task modules of data/tasks/ register here what they know of a task (`register_lm_task`,
 `register_mixture`); a registration counts only while seqio still holds the same object
 under that name, so a task re-registered in another way is not mistaken for an indexable one.
 """
@@ -17,11 +19,9 @@ under that name, so a task re-registered in another way is not mistaken for an i
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Sequence
 
-from t5x_lite import storage
-from t5x_lite.data import prepared_dataset, record_index, tokenizer_files
+from t5x_lite.data import epochs, prepared_dataset, record_index, tokenizer_files
 from t5x_lite.data.task_access import DataConfig, get_task
 from t5x_lite.errors import ConfigValueError
 
@@ -59,66 +59,32 @@ class IndexPlan:
     shuffle: bool
 
 
-class NotIndexable(Exception):
-    """Why a task is read by streaming (the message is the reason)."""
-
-
-def _leaves(name: str, rate: float, split: str) -> list[tuple[str, str | None, float]]:
-    """(task name, prepared directory, rate) of each task under `name`, or NotIndexable."""
+def _node(name: str) -> epochs.Node:
+    """Task or mixture `name` as the index rules see it (data/epochs.py), from what the task modules
+    registered here."""
     provider = get_task(name)
     if name in _MIXTURES and _MIXTURES[name][0] is provider:
         _, pairs, exhaust = _MIXTURES[name]
-        if exhaust:
-            raise NotIndexable(f"mixture {name!r} has exhaust_all_tasks=True")
-        total = sum(r for _, r in pairs)
-        return [leaf for task, r in pairs for leaf in _leaves(task, rate * r / total, split)]
+        return epochs.Mixture(name, tuple((_node(task), rate) for task, rate in pairs), exhaust)
     if name in _LM_TASKS and _LM_TASKS[name][0] is provider:
-        return [(name, _LM_TASKS[name][1], rate)]
-    raise NotIndexable(f"task {name!r} is not an lm_task over a prepared directory (its examples are made "
-                       "while reading)")
+        return epochs.Task(name, lm=True, data_dir=_LM_TASKS[name][1])
+    return epochs.Task(name, lm=False, data_dir=None)
 
 
-def _cached_entry(name: str, split: str) -> tuple[str, dict]:
-    """(cache directory, split entry) of task `name`'s indexed offline cache, or NotIndexable."""
-    cache_dir = get_task(name).cache_dir
-    if not cache_dir:
-        raise NotIndexable(f"task {name!r} has no offline cache")
-    path = storage.join(cache_dir, record_index.cached_entry_name(split))
-    if not storage.exists(path):
-        raise NotIndexable(f"the offline cache of {name!r} in {cache_dir!r} has no index for split {split!r} "
-                           "(build the cache again with `t5x-lite cache ... --overwrite`)")
-    with storage.open(path, "r") as f:
-        return cache_dir, json.load(f)
-
-
-def _split_entry(name: str, data_dir: str | None, config: DataConfig) -> tuple[str, dict]:
-    """(directory, split entry) that task `name` is read from by index, or NotIndexable."""
-    if config.use_cached:
-        return _cached_entry(name, config.split)
-    if data_dir is None:
-        raise NotIndexable(f"task {name!r} tokenizes raw text while reading (cache it with `t5x-lite cache` and "
-                           "read the cache, use_cached=True, to read it by index)")
-    entry = (prepared_dataset.read_metadata(data_dir) or {}).get("splits", {}).get(config.split)
-    if entry is None:
-        raise NotIndexable(f"{data_dir!r} has no split {config.split!r}")
-    if "index" not in entry:
-        raise NotIndexable(f"{data_dir!r} has no index for split {config.split!r} (write one with "
-                           f"`t5x-lite index {data_dir}`)")
-    return data_dir, entry
+def _cache_dir(task: epochs.Task) -> str | None:
+    return get_task(task.name).cache_dir
 
 
 def _plan(config: DataConfig) -> IndexPlan:
-    if config.converter != "lm":
-        raise NotIndexable(f"feature converter {config.converter!r} (the index path makes 'lm' rows)")
-    if not config.pack:
-        raise NotIndexable("pack=False (the index path packs rows)")
-    tasks = []
-    for name, data_dir, rate in _leaves(config.mixture_or_task_name, 1.0, config.split):
-        directory, entry = _split_entry(name, data_dir, config)
-        tasks.append(IndexedTask(name=name, records=record_index.SplitRecords(directory, config.split, entry),
-                                 rate=rate))
+    sources = epochs.index_sources(
+        lambda: _node(config.mixture_or_task_name), split=config.split, reader=config.reader,
+        converter=config.converter, pack=config.pack, use_cached=config.use_cached, cache_dir_of=_cache_dir,
+        entry_of=lambda directory, cached: prepared_dataset.split_entry(
+            directory, config.split, cached=cached))
+    tasks = tuple(IndexedTask(name=s.task, records=record_index.SplitRecords(s.directory, config.split, s.entry),
+                              rate=s.rate) for s in sources)
     vocabulary = get_task(tasks[0].name).output_features["targets"].vocabulary
-    return IndexPlan(tasks=tuple(tasks), length=config.sequence_length, eos_id=int(vocabulary.eos_id),
+    return IndexPlan(tasks=tasks, length=config.sequence_length, eos_id=int(vocabulary.eos_id),
                      start_id=int(tokenizer_files.decoder_start_id(vocabulary)), seed=config.seed,
                      shuffle=config.shuffle)
 
@@ -129,11 +95,9 @@ def plan(config: DataConfig) -> tuple[IndexPlan | None, str]:
     DataConfig.reader='index' makes a reason to stream an error (ConfigValueError naming it);
     'stream' always streams.
     """
-    if config.reader == "stream":
-        return None, "DataConfig.reader='stream'"
     try:
         return _plan(config), ""
-    except NotIndexable as e:
+    except epochs.NotIndexable as e:
         if config.reader == "index":
             raise ConfigValueError(f"DataConfig.reader='index', but {config.mixture_or_task_name!r} cannot be read "
                                    f"by index: {e}. Use reader='auto' or 'stream' to read it by streaming.") from None

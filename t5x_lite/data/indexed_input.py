@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import math
 from typing import Any
 
 import numpy as np
 
-from t5x_lite.data import index_permutation, mixing, record_index, token_rows
+from t5x_lite.data import epochs, index_permutation, mixing, record_index, token_rows
 from t5x_lite.data.index_plan import IndexPlan
 from t5x_lite.errors import UserError
 
@@ -59,15 +58,13 @@ class IndexedBatchIterator:
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.global_batch = host_batch_size * num_shards
-        self.rows = [token_rows.num_rows(t.records.stream_tokens, plan.length) for t in plan.tasks]
-        if len(plan.tasks) == 1:
-            self._counts = None
-            self.positions_per_epoch = self.rows[0]
-        else:
-            self._counts = mixing.apportion([t.rate for t in plan.tasks])
-            block = int(self._counts.sum())
-            self.positions_per_epoch = min(r * block // c for r, c in zip(self.rows, self._counts))
-        self.steps_per_epoch = max(1, math.ceil(self.positions_per_epoch / self.global_batch))
+        rates = [t.rate for t in plan.tasks]
+        epoch = epochs.indexed_epoch([t.records.stream_tokens for t in plan.tasks], rates, length=plan.length,
+                                     global_batch=self.global_batch)
+        self.rows = list(epoch.rows)
+        self.positions_per_epoch = epoch.positions
+        self.steps_per_epoch = epoch.steps
+        self._counts = mixing.apportion(rates) if len(plan.tasks) > 1 else None  # the mixing schedule's
         self.epoch = 0
         self.batches_in_epoch = 0
         self.end_of_epoch = False

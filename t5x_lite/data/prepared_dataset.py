@@ -152,6 +152,19 @@ def read_metadata(data_dir: str) -> dict | None:
         return json.load(f)
 
 
+def split_entry(directory: str, split: str, *, cached: bool = False) -> dict | None:
+    """A split's entry (pattern, num_shards, num_examples, index): from a prepared directory's
+    metadata.json, or from a task's offline cache (the `<split>.index.json` that `t5x-lite cache`
+    writes beside the cached split, cached=True); None when there is none."""
+    if not cached:
+        return (read_metadata(directory) or {}).get("splits", {}).get(split)
+    path = storage.join(directory, record_index.cached_entry_name(split))
+    if not storage.exists(path):
+        return None
+    with storage.open(path, "r") as f:
+        return json.load(f)
+
+
 def write_metadata(out_dir: str, metadata: dict) -> None:
     """Writes `metadata` as the metadata.json of local `out_dir`, atomically (via a temporary name)."""
     path = os.path.join(out_dir, METADATA_FILE)

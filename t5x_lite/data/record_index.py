@@ -25,13 +25,12 @@ import numpy as np
 
 from t5x_lite import storage
 from t5x_lite.data import tfrecord_stream
+from t5x_lite.data.record_frame import FRAME_BYTES, read_frame
 from t5x_lite.data.tfrecord_stream import CorruptRecordError
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 
 INDEX_FORMAT = "tfrecord-offsets-1"
-_FRAME = 16  # length (8) + its CRC (4) before a record, the record's CRC (4) after it
-_HEADER = 12
 
 
 class RecordIndexError(UserError, ValueError):
@@ -52,7 +51,7 @@ def build_index(shard_records: Sequence[Sequence[int]], shard_lengths: Sequence[
     offsets, stream = [], []
     for sizes, lengths in zip(shard_records, shard_lengths):
         sizes = np.asarray(sizes, np.int64)
-        offsets.append(np.concatenate([[0], np.cumsum(sizes + _FRAME)[:-1]]) if len(sizes) else sizes)
+        offsets.append(np.concatenate([[0], np.cumsum(sizes + FRAME_BYTES)[:-1]]) if len(sizes) else sizes)
         stream.append(np.asarray(lengths, np.int64) + 1)
     stream_lengths = np.concatenate(stream) if stream else np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(stream_lengths)])
@@ -169,20 +168,17 @@ class SplitRecords:
             offset = int(self.index[record, 0])
             f = self._file(shard)
             f.seek(offset)
-            header = f.read(_HEADER)
+            frame = read_frame(f, offset)
             path = self.shard_paths[shard]
-            length_crc = int.from_bytes(header[8:], "little")
-            if len(header) < _HEADER or tfrecord_stream.masked_crc32c(header[:8]) != length_crc:
-                raise CorruptRecordError(f"{path!r}: no intact record at byte {offset} (the index says one starts "
-                                         f"there); the shard changed after it was indexed: prepare the data again "
-                                         f"or run `t5x-lite index {self.data_dir}`.")
-            length = int.from_bytes(header[:8], "little")
-            data = f.read(length + 4)
-            data_crc = int.from_bytes(data[length:], "little")
-            if len(data) < length + 4 or tfrecord_stream.masked_crc32c(data[:length]) != data_crc:
-                raise CorruptRecordError(f"{path!r}: the record at byte {offset} is damaged (bad data checksum or "
-                                         "truncated); prepare the data again or restore the file.")
-            out.append(data[:length])
+            if frame is None or frame.damage is not None and frame.damage.in_header:
+                what = frame.damage.value if frame is not None else "the file ends before it"
+                raise CorruptRecordError(f"{path!r}: no intact record at byte {offset}, where the index says one "
+                                         f"starts ({what}); the shard changed after it was indexed: prepare the "
+                                         f"data again or run `t5x-lite index {self.data_dir}`.")
+            if frame.damage is not None:
+                raise CorruptRecordError(f"{path!r}: the record at byte {offset} is damaged ({frame.damage.value}); "
+                                         "prepare the data again or restore the file.")
+            out.append(frame.data)
         return out
 
     def close(self) -> None:

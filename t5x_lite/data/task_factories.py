@@ -1,12 +1,11 @@
 """The seqio task factories a gin file calls (`MIXTURE_OR_TASK_NAME = @lm_task()`).
 
-Each registers a task of the project's task modules (tasks/, see builtin_tasks.py) and returns
-its name, so the data directory is always visible in the config rather than hidden in code.
+Each registers a task of the project's task modules (data/tasks/) and returns its name, so the
+data directory is always visible in the config rather than hidden in code. The task modules
+import TensorFlow, seqio and t5, so each factory imports its module only when it is called.
 """
 
 from __future__ import annotations
-
-from t5x_lite.data import builtin_tasks
 
 
 def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
@@ -18,7 +17,8 @@ def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
       cache_dir: where `t5x-lite cache` wrote offline caches (its --output_cache_dir), read
         when DataConfig.use_cached is True.
     """
-    lm = builtin_tasks.load("lm")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import lm  # imports TensorFlow and seqio: only when called
+
     return lm.lm_task(name=name, data_dir=data_dir, cache_dir=cache_dir)
 
 
@@ -32,7 +32,8 @@ def span_corruption_task(*, name: str, data_dir: str, noise_density: float = 0.1
       noise_density: fraction of tokens replaced by sentinels.
       mean_noise_span_length: mean length of each corrupted span.
     """
-    span_corruption = builtin_tasks.load("span_corruption")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import span_corruption  # imports TensorFlow and seqio: only when called
+
     return span_corruption.span_corruption_task(name=name, data_dir=data_dir, noise_density=noise_density,
                                                 mean_noise_span_length=mean_noise_span_length)
 
@@ -44,7 +45,8 @@ def prefix_lm_task(*, name: str, data_dir: str) -> str:
       name: the seqio task name to register.
       data_dir: a directory written by `t5x-lite prepare`.
     """
-    prefix_lm = builtin_tasks.load("prefix_lm")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import prefix_lm  # imports TensorFlow and seqio: only when called
+
     return prefix_lm.prefix_lm_task(name=name, data_dir=data_dir)
 
 
@@ -62,7 +64,8 @@ def text_task(*, name: str, splits: dict[str, str], vocabulary: str, file_format
       text_field: the jsonl field, or the tf.train.Example bytes feature, holding the text.
       on_bad_line: 'fail' (stop, naming the file and line) or 'skip' (skip, count and warn).
     """
-    text = builtin_tasks.load("text")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import text  # imports TensorFlow and seqio: only when called
+
     return text.text_task(name=name, splits=splits, vocabulary=vocabulary, file_format=file_format,
                           text_field=text_field, on_bad_line=on_bad_line)
 
@@ -76,11 +79,12 @@ def text_to_text_task(*, name: str, splits: dict[str, str], vocabulary: str, met
       splits: jsonl file pattern per split, for example {'validation': 'data/qa.val.jsonl'}.
       vocabulary: a SentencePiece model file (such as a run's MODEL_DIR/vocab/spm.model), or 'byte'.
       metrics: seqio metric functions by name: accuracy, sequence_accuracy, bleu, rouge
-        (prediction metrics) and log_likelihood (a score metric); see tasks/text_to_text.py.
+        (prediction metrics) and log_likelihood (a score metric); see data/tasks/text_to_text.py.
       inputs_field: the jsonl field holding the inputs text.
       targets_field: the jsonl field holding the targets text.
     """
-    text_to_text = builtin_tasks.load("text_to_text")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import text_to_text  # imports TensorFlow and seqio: only when called
+
     return text_to_text.text_to_text_task(name=name, splits=splits, vocabulary=vocabulary, metrics=metrics,
                                           inputs_field=inputs_field, targets_field=targets_field)
 
@@ -93,7 +97,8 @@ def mixture(*, name: str, tasks: list[tuple[str, float]], exhaust_all_tasks: boo
       tasks: (task or mixture name, rate) pairs; rates are relative. A name may be a task
         factory's result, for example [(@a/lm_task(), 1.0), (@b/text_task(), 3.0)].
       exhaust_all_tasks: one epoch ends when every task is used up (True) or at the first draw
-        of a used-up task (False, seqio's default); see tasks/mixtures.py.
+        of a used-up task (False, seqio's default); see data/tasks/mixtures.py.
     """
-    mixtures = builtin_tasks.load("mixtures")  # imports TensorFlow and seqio: only when called
+    from t5x_lite.data.tasks import mixtures  # imports TensorFlow and seqio: only when called
+
     return mixtures.mixture(name=name, tasks=tasks, exhaust_all_tasks=exhaust_all_tasks)

@@ -23,7 +23,6 @@ from t5x_lite.estimate.layout import logical_shards, rules_for_mesh_shape
 from t5x_lite.estimate.run_from_gin import RunSettings
 from t5x_lite.models import stack
 from t5x_lite.parallel import partitioning
-from t5x_lite.training import optim
 from t5x_lite.training import trainer as trainer_lib
 
 
@@ -50,10 +49,7 @@ def _trainer(settings: RunSettings, mesh: Any) -> Any:
 
 def optimizer_state_note(optimizer: Any) -> str:
     """What the optimizer keeps per parameter, for the report."""
-    if isinstance(optimizer, optim.Adafactor):
-        momentum = ", a first moment per parameter" if optimizer.momentum is not None else ""
-        return f"Adafactor row and column second moments per layer matrix, full for vectors{momentum}; float32"
-    return f"{type(optimizer).__name__} mu and nu, float32, sharded like the params"
+    return optimizer.state_note()
 
 
 def state_bytes_per_device(settings: RunSettings, mesh_shape: Mapping[str, int]) -> dict[str, Any]:

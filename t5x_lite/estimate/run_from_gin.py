@@ -26,6 +26,7 @@ class TaskSource:
     name: str | None
     factory: str | None  # the task factory's gin name (lm_task, ...); None for a plain task name
     data_dir: str | None  # a `t5x-lite prepare` directory, when the factory reads one
+    call: DeferredCall | None = None  # the factory call, its arguments built (nested factory calls deferred)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,7 @@ def _task_source(value: Any) -> TaskSource:
 
     if isinstance(value, DeferredCall):
         data_dir = value.kwargs.get("data_dir") if value.name in PREPARED_TASK_FACTORIES else None
-        return TaskSource(name=value.kwargs.get("name"), factory=value.name, data_dir=data_dir)
+        return TaskSource(name=value.kwargs.get("name"), factory=value.name, data_dir=data_dir, call=value)
     if not isinstance(value, str):  # None, or a macro (MIXTURE_OR_TASK_NAME) the config leaves unset
         return TaskSource(name=None, factory=None, data_dir=None)
     return TaskSource(name=value, factory=None, data_dir=None)

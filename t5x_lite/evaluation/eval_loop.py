@@ -81,7 +81,7 @@ class SeqioEval:
     """A seqio task's (or mixture's) `metric_fns`, run through `seqio.Evaluator`.
 
     Attributes:
-      mixture_or_task_name: a registered task or mixture with metric_fns (tasks/text_to_text.py).
+      mixture_or_task_name: a registered task or mixture with metric_fns (data/tasks/text_to_text.py).
       split: the split to evaluate.
       batch_size: prompts per decoding call.
       num_examples: evaluate only the first N examples (None: all).

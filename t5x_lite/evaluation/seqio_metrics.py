@@ -73,7 +73,7 @@ class SeqioEvaluation:
             raise TaskDataError(f"SeqIO evaluation of {mixture_or_task_name!r} ({split} split) cannot start: {e}") from None
         if not self.evaluator.eval_tasks:
             raise TaskDataError(f"{mixture_or_task_name!r} has no task with metric_fns and a {split!r} split; "
-                                "register one with metrics (for example tasks/text_to_text.py) to evaluate it.")
+                                "register one with metrics (for example t5x_lite/data/tasks/text_to_text.py) to evaluate it.")
 
     def run(self, restored: RestoredModel) -> dict[str, dict[str, float]]:
         """{task name: {metric: value}} of this checkpoint ({} on processes other than 0); seqio's

@@ -24,6 +24,11 @@ from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
 
 
+def encode_prompts(vocabulary: Any, prompts: Sequence[str]) -> list[list[int]]:
+    """The prompts' token ids as `sample_texts` feeds them (a trailing space left for the model)."""
+    return [list(vocabulary.encode(p.rstrip(" "))) for p in prompts]
+
+
 def sample_texts(*, model: BaseModel, params: Any, vocabulary: Any, prompts: Sequence[str],
                  max_new_tokens: int, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
                  top_p: float = 1.0, placement: Placement | None = None) -> list[str]:
@@ -33,7 +38,7 @@ def sample_texts(*, model: BaseModel, params: Any, vocabulary: Any, prompts: Seq
     BPE vocabularies attach a space to the word after it, so a prompt's trailing space would
     become a lone space token, which the training text puts almost only before numbers.
     """
-    encoded = [list(vocabulary.encode(p.rstrip(" "))) for p in prompts]
+    encoded = encode_prompts(vocabulary, prompts)
     tokens = decoding.generate_batch(
         model=model, params=params, prompts=encoded, max_new_tokens=max_new_tokens, rng=jax.random.PRNGKey(seed),
         temperature=temperature, top_k=top_k, top_p=top_p, eos_id=vocabulary.eos_id, placement=placement,

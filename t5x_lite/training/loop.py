@@ -23,6 +23,7 @@ from t5x_lite.checkpoints.retention import RetentionPolicy
 from t5x_lite.data import input_pipeline, task_access, task_modules
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.evaluation import eval_loop
+from t5x_lite.inference import sample
 from t5x_lite.metrics import tracking
 from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
 from t5x_lite.models import BaseModel, stack
@@ -30,7 +31,7 @@ from t5x_lite.parallel import distributed, partitioning
 from t5x_lite.parallel.placement import Placement, device_memory_bytes
 from t5x_lite.training import builtin_hooks, profiling, reporting, run_spec, run_values, startup
 from t5x_lite.training import trainer as trainer_lib
-from t5x_lite.training.optim import Adafactor, AdamW
+from t5x_lite.training.optim import AdamW, Optimizer
 from t5x_lite.training.hooks import Hook, Latest, RunContext, StepInfo, check_hooks
 from t5x_lite.training.periods import parse_period
 from t5x_lite.training.preemption import Preempted, PreemptionWatcher
@@ -45,7 +46,7 @@ def train(
     model: BaseModel,
     train_data: task_access.DataConfig,
     eval_data: task_access.DataConfig | None = None,
-    optimizer: AdamW | Adafactor = AdamW(),
+    optimizer: Optimizer = AdamW(),
     loss: trainer_lib.LossConfig = trainer_lib.LossConfig(),
     mesh_axes: Sequence[tuple[str, int]] | None = DEFAULT_MESH_AXES,
     logical_axis_rules: partitioning.LogicalRules | None = partitioning.DEFAULT_RULES,
@@ -80,7 +81,8 @@ def train(
       model: the model's family, sizes and switches (a DecoderConfig or T5Config).
       train_data: the task, split, sequence length and batching of training.
       eval_data: the same for the validation loss at each evaluation (None: no evaluation).
-      optimizer: @AdamW() or @Adafactor(), each with its learning-rate schedule (docs/optimizers.md).
+      optimizer: @AdamW(), @Adafactor() or another Optimizer, each with its learning-rate schedule
+        (docs/optimizers.md).
       loss: z-loss and label smoothing.
       mesh_axes: (axis name, size) pairs; one size may be -1 (all remaining devices). None: data
         parallel when the params and optimizer state fit one device, else FSDP (no mesh file).
@@ -154,6 +156,10 @@ def train(
     if multiple_choice and (not model.continues_text or eval_data is None):
         raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
                              "a decoder-only model and train.eval_data.")
+    if sample_prompt and model.continues_text:  # each leaves room for a new token: the model's one rule
+        vocabulary = task_access.get_task(spec.train_data.mixture_or_task_name).output_features["targets"].vocabulary
+        prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt)
+        model.check_prompts(sample.encode_prompts(vocabulary, prompts), what="train.sample_prompt", max_new_tokens=1)
 
     # Decide what to start from before anything is written to the model directory.
     latest = startup.check_model_dir(model_dir, metadata=metadata, init_from=init_from)

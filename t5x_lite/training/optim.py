@@ -97,6 +97,10 @@ class Optimizer:
         """Adds each bad value, named as gin binds it, to `problems`."""
         _check_schedule(problems, type(self).__name__, self.learning_rate)
 
+    def state_note(self) -> str:
+        """What it keeps per parameter, for `t5x-lite estimate`'s report."""
+        return f"{type(self).__name__} state, float32, sharded like the params"
+
 
 @dataclasses.dataclass(frozen=True)
 class AdamW(Optimizer):
@@ -126,6 +130,9 @@ class AdamW(Optimizer):
         adamw = optax.adamw(self.schedule(total_steps), b1=self.b1, b2=self.b2, eps=self.eps,
                             weight_decay=self.weight_decay, mask=weight_decay_mask)
         return _with_clipping_slot(adamw, self.clip_grad_norm)
+
+    def state_note(self) -> str:
+        return "AdamW mu and nu, float32, sharded like the params"
 
     def check(self, problems: Problems) -> None:
         """Adds each bad value, named as gin binds it, to `problems`."""
@@ -187,6 +194,10 @@ class Adafactor(Optimizer):
             weight_decay=self.weight_decay, weight_decay_mask=weight_decay_mask, eps=self.eps,
             factored=self.factored, min_dim_size_to_factor=self.min_dim_size_to_factor)
         return _with_clipping_slot(tx, self.clip_grad_norm)
+
+    def state_note(self) -> str:
+        momentum = ", a first moment per parameter" if self.momentum is not None else ""
+        return f"Adafactor row and column second moments per layer matrix, full for vectors{momentum}; float32"
 
     def check(self, problems: Problems) -> None:
         """Adds each bad value, named as gin binds it, to `problems`."""

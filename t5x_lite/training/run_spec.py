@@ -17,7 +17,7 @@ from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import RunConfigError
 from t5x_lite.models import BaseModel
 from t5x_lite.parallel import partitioning, placement
-from t5x_lite.training.optim import Adafactor, AdamW
+from t5x_lite.training.optim import AdamW, Optimizer
 from t5x_lite.training.trainer import LossConfig
 
 DEFAULT_MESH_AXES = (("data", -1), ("fsdp", 1), ("tensor", 1))
@@ -33,7 +33,7 @@ class RunSpec:
     model: BaseModel
     train_data: DataConfig
     eval_data: DataConfig | None = None
-    optimizer: AdamW | Adafactor = AdamW()
+    optimizer: Optimizer = AdamW()
     loss: LossConfig = LossConfig()
     mesh_axes: Sequence[tuple[str, int]] | None = DEFAULT_MESH_AXES  # None: with_default_mesh chooses
     logical_axis_rules: partitioning.LogicalRules | None = partitioning.DEFAULT_RULES

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import TINY_MODEL, run_cli, start_cli, train, train_in_process
+from tests.cli_helpers import TINY_MODEL, run_cli, run_cli_in_process, start_cli, train, train_in_process
 
 # What TensorFlow printed on every start of a CPU machine, whatever TF_CPP_MIN_LOG_LEVEL said.
 STARTUP_NOISE = ("Could not find cuda drivers", "failed call to cuInit",
@@ -320,3 +320,18 @@ def test_sigterm_while_the_first_steps_compile_exits_75_with_one_line(data_dir, 
     else:
         assert last.startswith("received SIGTERM: saved a checkpoint at step 1 and stopped"), out[-3000:]
         assert steps == ["1"], steps
+
+
+def test_a_sample_prompt_longer_than_the_context_is_refused_before_anything_is_written(data_dir, trained_run,
+                                                                                        tmp_path):
+    """The model's one prompt-length rule, checked at start-up rather than at the first evaluation."""
+    model_dir, digest, config_mtime = copy_of_trained_run(trained_run, tmp_path)
+    long_prompt = "def f(x): return x " * 40  # far more than max_len=64 tokens
+    result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=80", f"--gin.train.sample_prompt='{long_prompt}'")
+    assert_bad_input(result, "error: train.sample_prompt 0 has", "max_len=64", "shorten or drop that prompt")
+    assert_untouched(model_dir, digest, config_mtime)
+
+
+def test_sample_with_a_prompt_longer_than_the_context_is_one_line(trained_run):
+    result = run_cli_in_process("sample", f"--model_dir={trained_run[0]}", "--prompt=" + "def f(x): return x " * 40)
+    assert_bad_input(result, "error: prompt 0 has", "max_len=64", "shorten or drop that prompt")

@@ -101,8 +101,7 @@ def test_epochs_end_the_run_at_the_end_of_the_last_epoch(small_data_dir, tmp_pat
 def test_user_task_module_and_search_paths(data_dir, tmp_path):
     """A task registered in the user's own module, named by flag; a gin file found by search path."""
     (tmp_path / "my_tasks.py").write_text(
-        "from t5x_lite.data import builtin_tasks\n"
-        "lm = builtin_tasks.load('lm')\n"
+        "from t5x_lite.data.tasks import lm\n"
         f"lm.register_lm_task('my_own_task', {str(data_dir)!r})\n")
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "short.gin").write_text("TRAIN_STEPS = 3\n")

@@ -1,5 +1,6 @@
 """`import t5x_lite` stays cheap: no TensorFlow, no t5, no seqio until the data path needs them."""
 
+import ast
 import subprocess
 import sys
 
@@ -22,8 +23,8 @@ def test_cli_help_lists_the_commands():
 
 def test_an_installed_wheel_finds_its_gin_files_and_tasks_beside_a_users_own_tasks_package(tmp_path):
     """Built and installed outside the checkout, the package still finds runs/quickstart.gin and its
-    task modules; a user's own `tasks` package in the working directory neither hides them nor is
-    hidden by them (the wheel installs no top-level `tasks`)."""
+    task modules (t5x_lite.data.tasks); a user's own `tasks` package in the working directory neither
+    hides them nor is hidden by them (the wheel installs no top-level `tasks`)."""
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "wheel"), str(ROOT)], check=True, capture_output=True)
     wheel = next((tmp_path / "wheel").glob("t5x_lite-*.whl"))
@@ -35,24 +36,80 @@ def test_an_installed_wheel_finds_its_gin_files_and_tasks_beside_a_users_own_tas
     (user / "tasks" / "__init__.py").write_text("")
     (user / "tasks" / "my_tasks.py").write_text("OWNER = 'the user'\n")
     code = ("from t5x_lite.config import parsing\n"
-            "from t5x_lite.data import builtin_tasks\n"
             "d = parsing.builtin_gin_dir()\n"
             "print(d)\n"
             "parsing.parse(gin_files=['runs/quickstart.gin'])\n"
             "import gin; print(gin.query_parameter('DecoderConfig.num_layers'))\n"
-            "print(builtin_tasks.folder())\n"
-            "lm = builtin_tasks.load('lm')\n"
+            "from t5x_lite.data.tasks import lm\n"
+            "print(lm.__file__)\n"
             "import tasks.my_tasks\n"
             "print(lm.__name__, tasks.my_tasks.OWNER.replace(' ', '_'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=user, capture_output=True, text=True,
                          env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin",
                               "TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr[-2000:]
-    gin_dir, num_layers, tasks_dir, lm_name, owner = out.stdout.split()
+    gin_dir, num_layers, lm_file, lm_name, owner = out.stdout.split()
     assert gin_dir == str(tmp_path / "site" / "t5x_lite" / "gin_configs")
     assert int(num_layers) > 0
-    assert tasks_dir == str(tmp_path / "site" / "t5x_lite" / "builtin_tasks")
-    assert (lm_name, owner) == ("t5x_lite_tasks.lm", "the_user")
+    assert lm_file == str(tmp_path / "site" / "t5x_lite" / "data" / "tasks" / "lm.py")
+    assert (lm_name, owner) == ("t5x_lite.data.tasks.lm", "the_user")
+
+
+# Names that load code by a string, which neither grimp nor lint-imports can follow.
+_LOADERS = {"import_module", "__import__", "spec_from_file_location", "spec_from_loader", "module_from_spec",
+            "exec_module", "load_module", "SourceFileLoader", "run_module", "run_path"}
+# The one call that may: a user's module of task registrations (MIXTURE_OR_TASK_MODULE).
+_ALLOWED_LOADERS = {("t5x_lite/data/task_modules.py", "import_task_module")}
+# Optional third-party packages imported by name, never the package's own modules.
+_EXTRA_LOADER = ("t5x_lite/metrics/tracking.py", "import_extra")
+
+
+def _loaders(source: str, path: str) -> list[tuple[str, str]]:
+    """(path, enclosing function) of each use of an importlib-style loader in `source`."""
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        name = (node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name)
+                else None)
+        if name in _LOADERS:
+            found.append((path, function))
+        if isinstance(node, ast.ImportFrom):
+            found.extend((path, function) for alias in node.names if alias.name in _LOADERS)
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+def test_the_loader_finder_finds_importlib_calls():
+    assert _loaders("import importlib\ndef f(n):\n    return importlib.import_module(n)\n", "a.py") == [("a.py", "f")]
+    assert _loaders("from importlib.util import spec_from_file_location as s\n", "b.py") == [("b.py", "<module>")]
+    assert _loaders("x = __import__('os')\n", "c.py") == [("c.py", "<module>")]
+    assert _loaders("import os\nfrom t5x_lite.data import prepare\n", "d.py") == []
+
+
+def test_package_code_is_imported_by_import_statements_never_loaded_through_importlib():
+    """Every import of the package's own code is an `import` statement (inside a function where it
+    must be lazy), so the cycle check above and lint-imports see every edge."""
+    found = set()
+    for path in sorted((ROOT / "t5x_lite").rglob("*.py")):
+        found.update(_loaders(path.read_text(), str(path.relative_to(ROOT))))
+    assert found - _ALLOWED_LOADERS - {_EXTRA_LOADER} == set()
+    # import_extra loads a metric writer's optional package: its callers name third-party packages.
+    calls = [node for path in (ROOT / "t5x_lite").rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == _EXTRA_LOADER[1]]
+    assert calls and all(isinstance(c.args[0], ast.Constant) and not c.args[0].value.startswith("t5x_lite")
+                         for c in calls)
+
+
+def test_every_verb_imports_the_module_its_command_table_names():
+    from t5x_lite import cli
+
+    assert {command: cli.verb_module(command).__name__ for command in cli.COMMANDS} == {
+        command: module for command, (module, _) in cli.COMMANDS.items()}
 
 
 def _own_import_graph():

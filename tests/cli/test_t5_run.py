@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from t5x_lite.data import builtin_tasks
 from tests.cli.test_bad_input import assert_bad_input
 from tests.cli_helpers import VOCAB, losses, run_cli, run_cli_in_process
 
@@ -75,7 +74,7 @@ def span_corruption_examples(small_data_dir):
     """(task, noised examples, source documents) of the train split, in file order."""
     import seqio
 
-    span_corruption = builtin_tasks.load("span_corruption")
+    from t5x_lite.data.tasks import span_corruption
 
     name = "test_t5_run_span_corruption"
     span_corruption.register_span_corruption_task(name, str(small_data_dir))
@@ -102,7 +101,7 @@ def _split_at_sentinels(tokens: np.ndarray) -> tuple[list[int], list[list[int]]]
 
 
 def test_span_corruption_examples(span_corruption_examples):
-    span_corruption_lengths = builtin_tasks.load("span_corruption").span_corruption_lengths
+    from t5x_lite.data.tasks.span_corruption import span_corruption_lengths
 
     task, examples, documents = span_corruption_examples
     vocabulary = task.output_features["targets"].vocabulary

@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from t5x_lite.config import cache_command, parsing
-from t5x_lite.data import builtin_tasks, task_factories
+from t5x_lite.data import index_plan, task_access, task_factories
 
 TASK = "test_cache_small_lm"
 LENGTHS = {"targets": 64}
@@ -65,7 +65,7 @@ def test_a_cached_lm_task_is_read_by_index(cache_dir, small_data_dir):
     """The cache's offset index: an epoch read by index holds every cached document + EOS once."""
     import tensorflow as tf
 
-    from t5x_lite.data import index_plan, indexed_input, record_index, task_access
+    from t5x_lite.data import indexed_input, record_index
     from tests.data.test_input_pipeline import real_tokens
 
     name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
@@ -84,8 +84,33 @@ def test_a_cached_lm_task_is_read_by_index(cache_dir, small_data_dir):
     assert real_tokens(epoch) == expected
 
 
+def test_the_estimate_and_the_reader_agree_on_a_cached_task(cache_dir, small_data_dir, capsys):
+    """With use_cached both read the cache's index, not the prepared directory's."""
+    from tests.data.test_epochs import estimated_epoch, read_epoch
+
+    data = estimated_epoch(capsys, f"--gin.DATA_DIR='{small_data_dir}'", f"--gin.lm_task.name='{TASK}'",
+                           f"--gin.lm_task.cache_dir='{cache_dir}'", "--gin.USE_CACHED_TASKS=True",
+                           "--gin.SEQUENCE_LENGTH=32", "--gin.BATCH_SIZE=4")
+    name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
+    reader = read_epoch(name, length=32, batch=4, use_cached=True)
+    assert reader.plan.tasks[0].records.data_dir == str(cache_dir / TASK)
+    assert data["exact"] and data["read"] == "by index" and str(cache_dir / TASK) in data["note"]
+    assert data["steps_per_epoch"] == reader.steps_per_epoch > 1
+    assert data["tokens_per_epoch"] == reader.plan.tasks[0].records.stream_tokens
+    # Without the cache's index (a cache built before caches had one) both stream: the estimate's lower bound.
+    (cache_dir / TASK / "train.index.json").rename(cache_dir / TASK / "train.index.json.aside")
+    try:
+        data = estimated_epoch(capsys, f"--gin.DATA_DIR='{small_data_dir}'", f"--gin.lm_task.name='{TASK}'",
+                               f"--gin.lm_task.cache_dir='{cache_dir}'", "--gin.USE_CACHED_TASKS=True")
+        assert "exact" not in data and "has no index for split 'train'" in data["read"]
+        config = task_access.DataConfig(name, sequence_length=32, use_cached=True)
+        assert "has no index for split 'train'" in index_plan.plan(config)[1]
+    finally:
+        (cache_dir / TASK / "train.index.json.aside").rename(cache_dir / TASK / "train.index.json")
+
+
 def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
-    lm = builtin_tasks.load("lm")
+    from t5x_lite.data.tasks import lm
 
     name = task_factories.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
     task = lm.seqio.get_mixture_or_task(name)
@@ -118,7 +143,7 @@ def test_workers_repeat_the_registration(small_data_dir, tmp_path):
     """Beam workers in other processes get the recipe pickled and register the task themselves."""
     import gin
     import seqio
-    lm = builtin_tasks.load("lm")
+    from t5x_lite.data.tasks import lm
 
     name = "test_cache_worker_lm"
     parsing.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])

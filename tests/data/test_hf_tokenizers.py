@@ -305,7 +305,7 @@ def test_scoring_counts_a_continuation_token_0_after_the_vocabularys_bos():
 def test_decoding_may_generate_token_0_when_it_is_real():
     import jax.numpy as jnp
 
-    from t5x_lite.inference import decoding
+    from t5x_lite.models import generation
 
     logits = jnp.asarray([[5.0, 1.0, 0.0]])
     settings = dict(temperature=0.0, top_k=0, top_p=1.0)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from t5x_lite.config import parsing
-from t5x_lite.data import builtin_tasks
 from t5x_lite.errors import TaskDataError
 
 DOCS = ["def add(a, b):\n    return a + b\n", "import json\nprint(json.dumps({'x': 1}))",
@@ -53,7 +52,7 @@ def text_files(request, tmp_path):
 
 @pytest.mark.parametrize("vocabulary", ["spm", "byte"])
 def test_text_task_tokenizes_documents(text_files, vocabulary, small_data_dir):
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     pattern, fmt = text_files
     vocab = str(small_data_dir / "spm.model") if vocabulary == "spm" else "byte"
@@ -68,7 +67,7 @@ def test_text_task_tokenizes_documents(text_files, vocabulary, small_data_dir):
 
 
 def test_long_documents_are_split_to_the_targets_length(tmp_path):
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     doc = "0123456789" * 10
     _write_jsonl(tmp_path / "long.jsonl", [json.dumps({"text": doc})])
@@ -89,7 +88,7 @@ def _bad_jsonl(tmp_path: Path) -> Path:
 
 
 def test_bad_jsonl_lines_are_skipped_and_counted(tmp_path, caplog):
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     path = _bad_jsonl(tmp_path)
     task = text.register_text_task("test_text_skip", {"train": str(path)}, "byte", on_bad_line="skip")
@@ -105,7 +104,7 @@ def test_bad_jsonl_lines_are_skipped_and_counted(tmp_path, caplog):
 def test_bad_jsonl_line_fails_naming_file_and_line(tmp_path):
     import tensorflow as tf
 
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     path = _bad_jsonl(tmp_path)
     task = text.register_text_task("test_text_fail", {"train": str(path)}, "byte")  # 'fail' is the default
@@ -117,7 +116,7 @@ def test_bad_jsonl_line_fails_naming_file_and_line(tmp_path):
 def test_tfrecord_without_the_feature(tmp_path, on_bad_line):
     import tensorflow as tf
 
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     path = _write_tfrecord(tmp_path / "r.tfrecord", ["first", None, "third"])
     task = text.register_text_task(f"test_text_tf_{on_bad_line}", {"train": str(path)}, "byte",
@@ -132,7 +131,7 @@ def test_tfrecord_without_the_feature(tmp_path, on_bad_line):
 
 
 def test_unreadable_vocabulary_fails_at_registration(tmp_path):
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     data = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     (tmp_path / "junk.model").write_bytes(b"not a sentencepiece model")
@@ -144,7 +143,7 @@ def test_unreadable_vocabulary_fails_at_registration(tmp_path):
 def test_missing_split_lists_the_splits(tmp_path):
     import seqio
 
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     data = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     task = text.register_text_task("test_text_split", {"train": data}, "byte")
@@ -153,7 +152,7 @@ def test_missing_split_lists_the_splits(tmp_path):
 
 
 def test_bad_split_files_fail_at_registration(tmp_path):
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     good = str(_write_jsonl(tmp_path / "a.jsonl", [json.dumps({"text": "x"})]))
     (tmp_path / "b.jsonl").write_text("")
@@ -171,7 +170,7 @@ def test_bad_split_files_fail_at_registration(tmp_path):
 def test_prefix_lm_examples_split_each_piece_in_order(small_data_dir):
     import seqio
 
-    prefix_lm = builtin_tasks.load("prefix_lm")
+    from t5x_lite.data.tasks import prefix_lm
 
     task = prefix_lm.register_prefix_lm_task("test_tasks_prefix_lm", str(small_data_dir))
     eos = task.output_features["targets"].vocabulary.eos_id
@@ -196,7 +195,7 @@ def test_prefix_lm_examples_split_each_piece_in_order(small_data_dir):
 @pytest.fixture
 def two_tasks(tmp_path):
     """Byte-vocabulary tasks 'test_mix_a' (10 documents 'a0'...) and 'test_mix_b' (100, 'b0'...)."""
-    text = builtin_tasks.load("text")
+    from t5x_lite.data.tasks import text
 
     for prefix, count in (("a", 10), ("b", 100)):
         _write_jsonl(tmp_path / f"{prefix}.jsonl", [json.dumps({"text": f"{prefix}{i}"}) for i in range(count)])
@@ -215,7 +214,7 @@ def _mixture_texts(name: str, *, num_epochs: int | None, seed: int, take: int = 
 
 
 def test_mixture_draws_by_rate(two_tasks):
-    mixtures = builtin_tasks.load("mixtures")
+    from t5x_lite.data.tasks import mixtures
 
     a, b = two_tasks
     assert mixtures.mixture(name="test_mix", tasks=[(a, 1.0), (b, 3.0)]) == "test_mix"
@@ -229,7 +228,7 @@ def test_mixture_draws_by_rate(two_tasks):
 
 
 def test_one_epoch_of_a_mixture(two_tasks):
-    mixtures = builtin_tasks.load("mixtures")
+    from t5x_lite.data.tasks import mixtures
 
     a, b = two_tasks
     every_a = sorted(f"a{i}" for i in range(10))
@@ -246,7 +245,7 @@ def test_one_epoch_of_a_mixture(two_tasks):
 
 
 def test_mixture_errors(two_tasks):
-    mixtures = builtin_tasks.load("mixtures")
+    from t5x_lite.data.tasks import mixtures
 
     a, _ = two_tasks
     with pytest.raises(TaskDataError, match="no task or mixture named 'nope'.*test_mix_a"):

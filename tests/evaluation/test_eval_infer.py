@@ -14,7 +14,6 @@ import pytest
 from t5x_lite.checkpoints import restored_model
 from t5x_lite.checkpoints.checkpoint import CheckpointMismatchError
 from t5x_lite.checkpoints.lookup import CheckpointNotFoundError
-from t5x_lite.data import builtin_tasks
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.evaluation import eval_loop
 from t5x_lite.evaluation import perplexity as perplexity_eval
@@ -107,7 +106,7 @@ def test_eval_cli_every_checkpoint_then_skips_what_is_done(model_dir, data_dir, 
     # The same numbers computed directly from the checkpoint.
     import seqio
 
-    lm_task = builtin_tasks.load("lm").lm_task
+    from t5x_lite.data.tasks.lm import lm_task
 
     restored = _restored(model_dir, 4)
     task = seqio.get_mixture_or_task(lm_task(name="eval_lm_direct", data_dir=str(data_dir)))
@@ -129,7 +128,7 @@ def test_eval_cli_every_checkpoint_then_skips_what_is_done(model_dir, data_dir, 
 
 def test_seqio_evaluation_scores_the_models_own_predictions(model_dir, data_dir, tmp_path):
     """Targets set to the model's greedy output for half the examples: accuracy must be exactly 50%."""
-    text_to_text_task = builtin_tasks.load("text_to_text").text_to_text_task
+    from t5x_lite.data.tasks.text_to_text import text_to_text_task
 
     restored = _restored(model_dir, 4)
     vocabulary = restored.vocabulary()
@@ -166,7 +165,7 @@ def _write_pairs(path: Path, pairs) -> Path:
 
 def test_t5_beam_search_through_seqio_eval_and_infer_over_a_task(data_dir, tmp_path):
     """The encoder-decoder path: seqio predictions are beam search's, infer reads a task's inputs."""
-    text_to_text_task = builtin_tasks.load("text_to_text").text_to_text_task
+    from t5x_lite.data.tasks.text_to_text import text_to_text_task
 
     cfg = T5Config(vocab_size=VOCAB, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_encoder_layers=2,
                    num_decoder_layers=2)

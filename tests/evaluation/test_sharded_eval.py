@@ -18,7 +18,6 @@ import pytest
 
 from t5x_lite.checkpoints import restored_model
 from t5x_lite.checkpoints.restored_model import RestoredModel
-from t5x_lite.data import builtin_tasks
 from t5x_lite.evaluation import eval_loop, multiple_choice, seqio_metrics
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.inference import decoding, predict
@@ -123,7 +122,7 @@ def test_seqio_metrics_on_a_trained_model_whose_predictions_stop_at_eos(trained_
     import t5.evaluation.metrics
 
     model_dir, cfg = trained_t5
-    text_to_text_task = builtin_tasks.load("text_to_text").text_to_text_task
+    from t5x_lite.data.tasks.text_to_text import text_to_text_task
     ours = text_to_text_task(name="ragged_pairs", splits={"validation": str(_write_pairs(tmp_path / "p.jsonl"))},
                              vocabulary=str(data_dir / "spm.model"), metrics=("accuracy",))
     out = tmp_path / "results"
@@ -234,7 +233,7 @@ def test_fsdp_t5_greedy_beam_and_seqio_metrics_as_on_one_device(trained_t5, data
     # Log-probabilities near 0 (a trained model): compared in absolute terms, float32 rounding.
     np.testing.assert_allclose([s for _, s in beams[0]], [s for _, s in beams[1]], rtol=1e-5, atol=1e-5)
 
-    text_to_text_task = builtin_tasks.load("text_to_text").text_to_text_task
+    from t5x_lite.data.tasks.text_to_text import text_to_text_task
     name = text_to_text_task(name="fsdp_pairs", splits={"validation": str(_write_pairs(tmp_path / "p.jsonl"))},
                              vocabulary=str(data_dir / "spm.model"), metrics=("accuracy", "log_likelihood"))
     metrics = []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from t5x_lite import storage
-from t5x_lite.data import builtin_tasks, corpus, prepare, tfrecord_stream
+from t5x_lite.data import corpus, prepare, tfrecord_stream
 from t5x_lite.tf_setup import import_tensorflow
 from tests.conftest import S3_BUCKET as BUCKET
 
@@ -77,7 +77,7 @@ def _examples(name, split, shard_info=None):
 def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small_data_dir):
     import seqio
 
-    lm = builtin_tasks.load("lm")
+    from t5x_lite.data.tasks import lm
 
     remote = lm.lm_task(name="test_s3_small_lm", data_dir=s3_data_dir)
     local = lm.lm_task(name="test_local_small_lm", data_dir=str(small_data_dir))
@@ -96,7 +96,7 @@ def test_reading_by_index_over_s3_gives_the_local_batches(s3_data_dir, small_dat
     """The index read whole, each record a ranged read through storage (CRC-checked)."""
     from t5x_lite.data import index_plan, indexed_input, task_access
 
-    lm = builtin_tasks.load("lm")
+    from t5x_lite.data.tasks import lm
     batches = []
     for name, data_dir in (("test_s3_indexed", s3_data_dir), ("test_local_indexed", str(small_data_dir))):
         plan, why = index_plan.plan(task_access.DataConfig(lm.lm_task(name=name, data_dir=data_dir),
@@ -112,7 +112,7 @@ def test_reading_by_index_over_s3_gives_the_local_batches(s3_data_dir, small_dat
 
 @pytest.mark.parametrize("data_dir", [f"s3://{BUCKET}/no-such-prefix", "s3://no-such-bucket/small"])
 def test_missing_s3_data_names_the_path(s3_server, data_dir):
-    lm = builtin_tasks.load("lm")
+    from t5x_lite.data.tasks import lm
 
     with pytest.raises(lm.TaskDataError, match=f"{data_dir}' has no metadata.json"):
         lm.lm_task(name="test_s3_missing", data_dir=data_dir)

@@ -14,10 +14,9 @@ import os
 
 import numpy as np
 
+from t5x_lite.data.tasks.text import check_split_files, load_vocabulary
+from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
-
-from .lm import TaskDataError
-from .text import check_split_files, load_vocabulary
 
 tf = import_tensorflow()
 

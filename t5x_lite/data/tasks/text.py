@@ -28,9 +28,9 @@ import os
 from google.protobuf.message import DecodeError
 
 from t5x_lite.data import hf_vocabulary, index_plan
+from t5x_lite.data.tasks.lm import replace_task
+from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
-
-from .lm import TaskDataError, replace_task
 
 tf = import_tensorflow()
 

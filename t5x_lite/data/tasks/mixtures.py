@@ -29,9 +29,8 @@ import functools
 import numbers
 
 from t5x_lite.data import index_plan
+from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
-
-from .lm import TaskDataError
 
 tf = import_tensorflow()
 

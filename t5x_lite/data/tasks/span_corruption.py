@@ -12,9 +12,8 @@ from __future__ import annotations
 import functools
 
 from t5x_lite import storage
+from t5x_lite.data.tasks.lm import register_prepared_task
 from t5x_lite.tf_setup import import_tensorflow
-
-from .lm import register_prepared_task
 
 import_tensorflow()
 
