@@ -1,15 +1,16 @@
 """Inference: generating from and scoring with a model's params.
 
 Owns:
-  decoding.py    KV-cached greedy and sampled generation for both families, beam search for T5;
-                 each one jitted `while_loop`
+  decoding.py    the one front door of generation: a family's `decode_call` (one batch's host
+                 arrays and its jitted program, models/*_generation.py) placed on the mesh and run
   predict.py     `DecodingConfig`; `predict` (prompts -> token ids) and `score` (log-likelihood
-                 of targets) for either family: what eval and infer call
+                 of targets) for any family: what eval and infer call
   scoring.py     a decoder-only LM's log-probability of continuations, in length-bucketed batches
   infer_loop.py  the `infer` configurable: prompts -> chunked, resumable, sharded jsonl output
   sample.py      `t5x-lite sample`, and `sample_texts` (the samples printed during training)
 
-Public names: `decoding.generate_batch`, `generate_seq2seq`, `beam_search`; `predict.DecodingConfig`,
+Public names: `decoding.run`, `decode_batch`, `generate_rows`, `generate_batch`, `generate_seq2seq`,
+`beam_search`; `predict.DecodingConfig`,
 `predict.predict`, `predict.score`; `scoring.score_rows`, `scoring.continuation_logprobs`;
 `infer_loop.infer`; `sample.sample_texts`.
 
