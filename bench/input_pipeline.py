@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 def prepare_corpus(out_dir: str, quick: bool) -> dict:
     import sysconfig
 
-    from t5x_lite.data import corpus, prepare
+    from t5x_lite.data.preparation import corpus, prepare
 
     stdlib = sysconfig.get_paths()["stdlib"]
     inputs = [os.path.join(stdlib, "json"), os.path.join(stdlib, "urllib")] if quick else [corpus.PYTHON_STDLIB]
@@ -56,14 +56,16 @@ def prepare_corpus(out_dir: str, quick: bool) -> dict:
 
 
 def iterator_for(task: str, s: dict, **kwargs):
-    from t5x_lite.data import input_pipeline, task_access
+    from t5x_lite.data import task_access
+    from t5x_lite.data.streaming import input_pipeline
 
     config = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
     return input_pipeline.BatchIterator(config, num_epochs=None, host_batch_size=s["batch_size"], **kwargs)
 
 
 def indexed_iterator_for(task: str, s: dict):
-    from t5x_lite.data import index_plan, indexed_input, task_access
+    from t5x_lite.data import task_access
+    from t5x_lite.data.indexed import index_plan, indexed_input
 
     config = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0,
                                     reader="index")
@@ -131,7 +133,7 @@ def restore_times(task: str, s: dict) -> list[tuple[int, float, int]]:
 def repeated_directory(data_dir: str, out_dir: str, *, repeat: int) -> None:
     """A prepared directory whose train index lists `data_dir`'s records `repeat` times over,
     shard by shard (its shards and vocabulary are links to `data_dir`'s)."""
-    from t5x_lite.data import prepared_dataset, record_index
+    from t5x_lite.data.records import prepared_dataset, record_index
 
     os.makedirs(out_dir)
     metadata = prepared_dataset.read_metadata(data_dir)
@@ -157,7 +159,8 @@ def repeated_directory(data_dir: str, out_dir: str, *, repeat: int) -> None:
 def index_restore_times(data_dir: str, tmp: str, s: dict) -> tuple[list[tuple[int, float, int]], int, int]:
     """(position, seconds for set_state + first batch, state bytes) for the index path, the
     repetition K and the epoch's batches."""
-    from t5x_lite.data import prepared_dataset, task_factories
+    from t5x_lite.data import task_factories
+    from t5x_lite.data.records import prepared_dataset
 
     positions = common.ints(s["index_restore_positions"])
     stream = prepared_dataset.read_metadata(data_dir)["splits"]["train"]["index"]["stream_tokens"]
@@ -176,7 +179,8 @@ def index_restore_times(data_dir: str, tmp: str, s: dict) -> tuple[list[tuple[in
 
 
 def run(args, command: str) -> dict:
-    from t5x_lite.data import input_pipeline, task_access, task_factories
+    from t5x_lite.data import task_access, task_factories
+    from t5x_lite.data.streaming import input_pipeline
 
     s = common.resolve(args, DEFAULTS, QUICK)
     print(common.header(command))

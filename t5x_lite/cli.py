@@ -24,8 +24,8 @@ from typing import Sequence
 from t5x_lite import host_memory
 
 COMMANDS = {
-    "prepare": ("t5x_lite.data.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
-    "index": ("t5x_lite.data.index_command", "write a prepared directory's offset index (read by index, O(1) resume)"),
+    "prepare": ("t5x_lite.data.preparation.prepare", "text/jsonl -> SentencePiece vocabulary + sharded TFRecords"),
+    "index": ("t5x_lite.data.preparation.index_command", "write a prepared directory's offset index (read by index, O(1) resume)"),
     "cache": ("t5x_lite.config.cache_command", "preprocess seqio tasks offline with Apache Beam (use_cached)"),
     "train": ("t5x_lite.train", "run the gin-configured train loop"),
     "eval": ("t5x_lite.eval", "evaluate checkpoints: perplexity, multiple choice, seqio metrics"),
@@ -62,9 +62,9 @@ def verb_module(command: str) -> ModuleType:
     """The module of COMMANDS[command], imported only now (`--help` imports none) by a plain
     import, which the import graph and lint-imports see."""
     if command == "prepare":
-        from t5x_lite.data import prepare as module
+        from t5x_lite.data.preparation import prepare as module
     elif command == "index":
-        from t5x_lite.data import index_command as module
+        from t5x_lite.data.preparation import index_command as module
     elif command == "cache":
         from t5x_lite.config import cache_command as module
     elif command == "train":

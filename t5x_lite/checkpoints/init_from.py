@@ -17,7 +17,7 @@ import numpy as np
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
-from t5x_lite.data.tokenizer_files import HF_SUBDIR
+from t5x_lite.data.vocab.tokenizer_files import HF_SUBDIR
 from t5x_lite.errors import ConfigValueError, UserError
 
 

@@ -42,7 +42,7 @@ class RestoredModel:
         the model's (a from-hf conversion, or a run trained on such a tokenizer; its own special ids,
         docs/interop.md), else the run's SentencePiece model (MODEL_DIR/vocab/spm.model, seqio's ids)."""
 
-        from t5x_lite.data import hf_vocabulary  # seqio and TensorFlow load in seconds: imported where first needed
+        from t5x_lite.data.vocab import hf_vocabulary  # seqio and TensorFlow load in seconds: imported where first needed
 
         vocabulary = hf_vocabulary.model_dir_vocabulary(self.model_dir)
         if vocabulary is not None:

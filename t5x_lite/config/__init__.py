@@ -11,7 +11,7 @@ Owns:
   command.py        `t5x-lite config show | explain | diff | reference`; the unused-binding warning
   reference.py      docs/config_reference.md, generated from signatures and docstrings (`--check`)
   entry.py          the shared body of `train`, `eval` and `infer`: parse, warn, join processes, call
-  cache_command.py  `t5x-lite cache`: registers the tasks a gin config names, runs data/cache.py
+  cache_command.py  `t5x-lite cache`: registers the tasks a gin config names, runs data/preparation/cache.py
 
 Public names: `parsing.parse`, `parsing.split_gin_flags`, `parsing.ConfigError`, `resolve.load_run`,
 `resolve.REQUIRED`, `resolve.DeferredCall`, `entry.run` (train.py, eval.py, infer.py), and the

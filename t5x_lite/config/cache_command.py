@@ -1,4 +1,4 @@
-"""`t5x-lite cache`: the tasks a run's gin config names (or --tasks), cached by data/cache.py's Beam pipeline."""
+"""`t5x-lite cache`: the tasks a run's gin config names (or --tasks), cached by data/preparation/cache.py's Beam pipeline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import gin
 
 from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing, registry
-from t5x_lite.data import cache, task_modules
+from t5x_lite.data import task_modules
+from t5x_lite.data.preparation import cache
 
 USAGE = """t5x-lite cache --output_cache_dir=DIR [--tasks=NAME,...] [flags] [Beam flags]
            (--gin_file=FILE [--gin.KEY=VALUE ...] | --module=MODULE)"""

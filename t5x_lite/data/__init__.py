@@ -1,49 +1,39 @@
 """Data: from text files to host-local batches, through seqio tasks.
 
-Owns:
-  prepare.py           `t5x-lite prepare`: its flags, checks and steps in order (local or gs://, s3://)
-  corpus.py            prepare's inputs: files, documents, each one's split, the vocabulary's sample
-  spm_vocabulary.py    the SentencePiece vocabulary: trained, checked, written; tokenizing in workers
-                       (with it or with a Hugging Face tokenizer)
-  prepared_dataset.py  a prepared directory's files: TFRecord shards, metadata.json, the tokenizer copy
-  tasks/               the project's seqio tasks and mixtures, one module per family (each imports
-                       TensorFlow, seqio and t5: only task_factories imports them, when called)
+Owns, by job (each subpackage's docstring names its modules):
   task_factories.py    the gin task factories (`lm_task`, `span_corruption_task`, `prefix_lm_task`,
                        `text_task`, `text_to_text_task`, `mixture`): each registers a task of tasks/
-  task_modules.py      importing a user's module of task registrations (MIXTURE_OR_TASK_MODULE)
+  tasks/               the project's seqio tasks and mixtures, one module per family (each imports
+                       TensorFlow, seqio and t5: only task_factories imports them, when called)
+  iterators.py         the front door: `build` (a train iterator, by index when the task allows
+                       and else streamed, or a validation pass), `check_split`, `pipeline_errors`
+  indexed/             reading by index: the plan (index or stream, and why), `IndexedBatchIterator`,
+                       the epoch rules (pure, shared with `t5x-lite estimate`), rows, permutation, mixing
+  streaming/           reading by streaming through seqio: `BatchIterator`, the feature converters
+  preparation/         the offline commands: `prepare` (corpus, SentencePiece vocabulary, shards),
+                       `index`, and seqio task caching (`cache`)
   task_access.py       `DataConfig` (task, split, lengths, feature converter), `get_task`, `vocabulary_size`
-  input_pipeline.py    streaming: epochs of a data shard through seqio; `BatchIterator`, checkpointable
-                       with a few integers
-  index_plan.py        whether a run's data is read by index or streamed (and why); the registry
-                       of indexable tasks that tasks/ fills
-  indexed_input.py     by index: `IndexedBatchIterator`, a global shuffle per epoch, O(1) resume
-  epochs.py            whether data is read by index, and the epoch's rows and steps then (pure;
-                       `t5x-lite estimate` applies the same rules)
-  record_index.py      a prepared split's offset index: written, checked, records read by number
-  index_command.py     `t5x-lite index DATA_DIR`: the index of a directory prepared without one
-  token_rows.py        packed LM rows cut from a split's token stream (pure)
-  index_permutation.py a seeded permutation evaluated at any position (Feistel; pure)
-  mixing.py            a mixture's deterministic schedule of tasks by position (pure)
-  tfrecord_stream.py   TFRecord shards streamed through storage (CRC-checked), for s3://
-  record_frame.py      one TFRecord frame read and checked (length, CRCs): what is wrong, if anything
-  tokenizer_files.py   a Hugging Face tokenizer's files: which file a path names, its special ids, the
-                       decoder start (BOS, else EOS), whether id 0 is a real token; MODEL_DIR/hf/'s
-  tokenizer_json.py    `TokenizerJsonVocabulary`: a tokenizer.json as a seqio vocabulary (Python and TF)
-  hf_sentencepiece.py  `HfSentencePieceVocabulary`: a model's SentencePiece tokenizer.model, its own ids
-  hf_vocabulary.py     those vocabularies from a path, a prepared directory or a model directory
-  feature_converters.py seqio's converters with the vocabulary's decoder start and a real token 0 kept
-  cache.py             seqio task caching as an Apache Beam pipeline, then each cached split's offset index
-                       (the `cache` command is in config/)
+  task_modules.py      importing a user's module of task registrations (MIXTURE_OR_TASK_MODULE)
+  vocab/               a Hugging Face tokenizer's files and the seqio vocabularies made of them
+  records/             a prepared directory's layout and metadata.json, its offset index, TFRecord
+                       frames and shards streamed (CRC-checked)
 
-Public names: `task_access.DataConfig`, `get_task`, `vocabulary_size`; the `task_factories`
-functions; `task_modules.import_task_module`; `input_pipeline.BatchIterator`, `epoch_rows`;
-`index_plan.plan`, `register_lm_task`, `register_mixture`; `epochs.index_sources`, `indexed_epoch`; `indexed_input.IndexedBatchIterator`;
-`prepare.prepare`; `prepared_dataset.read_metadata`; `cache.cache_tasks`;
-`hf_vocabulary.load_path`, `model_dir_vocabulary`, `write_model_dir_files`;
-`tokenizer_files.decoder_start_id`, `zero_is_token`, `model_dir_tokenizer`;
-`feature_converters.feature_converter`. tasks/ uses `prepared_dataset`, `tfrecord_stream`,
-`hf_vocabulary` and `index_plan`; only `task_factories` imports tasks/ (a contract in pyproject.toml).
+Layers, top to bottom (pyproject.toml's exhaustive layers contract): task_factories; tasks;
+iterators; indexed | preparation | streaming (independent of each other); task_access |
+task_modules; vocab; records.
+
+Public names: `iterators.build`, `check_split`, `pipeline_errors`, `DataIterator`;
+`task_access.DataConfig`, `get_task`, `vocabulary_size`; the `task_factories` functions;
+`task_modules.import_task_module`; `streaming.input_pipeline.BatchIterator`, `epoch_rows`;
+`indexed.index_plan.plan`, `register_lm_task`, `register_mixture`; `indexed.epochs.index_sources`,
+`indexed_epoch`; `indexed.indexed_input.IndexedBatchIterator`; `preparation.prepare.prepare`;
+`preparation.cache.cache_tasks`; `records.prepared_dataset.read_metadata`;
+`vocab.hf_vocabulary.load_path`, `model_dir_vocabulary`, `write_model_dir_files`;
+`vocab.tokenizer_files.decoder_start_id`, `zero_is_token`, `model_dir_tokenizer`;
+`streaming.feature_converters.feature_converter`. tasks/ uses `records.prepared_dataset`,
+`records.tfrecord_stream`, `vocab.hf_vocabulary` and `indexed.index_plan`; only `task_factories`
+imports tasks/ (a contract in pyproject.toml).
 
 May import (pyproject.toml's layers contract): parallel, metrics, models, storage, errors,
-tf_setup.
+tf_setup, host_memory.
 """

@@ -1,6 +1,6 @@
 """SeqIO glue: which task and split a run reads, with which feature converter and lengths.
 
-The batches themselves come from `t5x_lite.data.input_pipeline`.
+The batches themselves come from `t5x_lite.data.streaming.input_pipeline`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Tokens and steps per epoch of the train task, from the files `t5x-lite prepare` and `t5x-lite cache` write.
 
 The estimate never reads the data itself. Whether the run reads its data by index, and how long
-an epoch is then, follow data/epochs.py's rules, which the reader follows too: an lm_task, or a
+an epoch is then, follow data/indexed/epochs.py's rules, which the reader follows too: an lm_task, or a
 mixture of them, whose split has an offset index (its prepared directory's, or with use_cached
 its offline cache's) gives the exact epoch from the index's stream length (metadata.json, or
 the cache's split entry). A single lm_task read by streaming gets a lower bound from the
@@ -16,7 +16,8 @@ from typing import Any
 
 from t5x_lite import storage
 from t5x_lite.config.resolve import DeferredCall
-from t5x_lite.data import epochs, prepared_dataset
+from t5x_lite.data.indexed import epochs
+from t5x_lite.data.records import prepared_dataset
 from t5x_lite.estimate import arithmetic as estimate_math
 from t5x_lite.estimate.run_from_gin import TaskSource
 
@@ -24,7 +25,7 @@ _COUNTED = "`t5x-lite train` counts the steps of each epoch as it starts"
 
 
 def _node(call: Any) -> epochs.Node | None:
-    """The task or mixture a factory call registers, as data/epochs.py's rules see it; None when
+    """The task or mixture a factory call registers, as data/indexed/epochs.py's rules see it; None when
     a part of it is a plain task name (registered by a module of the user's: unknown here)."""
     if not isinstance(call, DeferredCall):
         return None

@@ -19,7 +19,8 @@ import jax
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup, restored_model
-from t5x_lite.data import task_access, task_modules, tokenizer_files
+from t5x_lite.data import task_access, task_modules
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.evaluation import multiple_choice as multiple_choice_lib
 from t5x_lite.evaluation import perplexity as perplexity_eval
@@ -307,7 +308,7 @@ def _require_decoder(what: str, model: BaseModel) -> None:
 
 def _documents(cfg: PerplexityEval) -> tuple[list[list[int]], int]:
     """The split's `targets` token ids, one list per document, in order; and the first token a
-    decoder-only model reads before them (its vocabulary's decoder start: data/tokenizer_files.py)."""
+    decoder-only model reads before them (its vocabulary's decoder start: data/vocab/tokenizer_files.py)."""
 
     task = task_access.get_task(cfg.mixture_or_task_name)
     lengths = {name: cfg.max_document_tokens for name in task.output_features}
@@ -324,7 +325,7 @@ def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: BaseModel, param
                               encode: Callable[[str], list[int]], placement: Placement | None = None,
                               bos_id: int = 0) -> dict[str, float]:
     """acc / acc_norm of one multiple-choice set with these params (also run during training); `bos_id`:
-    the model's first token (data/tokenizer_files.py `decoder_start_id` of the vocabulary `encode` uses)."""
+    the model's first token (data/vocab/tokenizer_files.py `decoder_start_id` of the vocabulary `encode` uses)."""
     examples = multiple_choice_lib.read_hellaswag(mc.path)[:mc.max_examples]
     return multiple_choice_lib.score_multiple_choice(model=model, params=params, examples=examples, encode=encode,
                                                      batch_size=mc.batch_size, placement=placement, bos_id=bos_id)

@@ -32,7 +32,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 from t5x_lite.checkpoints import restored_model
-from t5x_lite.data import tokenizer_files
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.inference import predict, scoring
@@ -124,7 +124,7 @@ class T5xLiteLM(LM):
         self.decoder_only = self.config.continues_text  # a causal LM: continuations scored after BOS
         self.eos_id = self.vocabulary.eos_id
         # A decoder-only model's first token (a Hugging Face tokenizer's BOS, else EOS; seqio's: 0) and
-        # whether id 0 is a real token it may generate (data/tokenizer_files.py).
+        # whether id 0 is a real token it may generate (data/vocab/tokenizer_files.py).
         self.bos_id = tokenizer_files.decoder_start_id(self.vocabulary)
         self.zero_is_token = tokenizer_files.zero_is_token(self.vocabulary)
         if self.eos_id is None and not self.decoder_only:

@@ -17,7 +17,7 @@ import numpy as np
 
 from t5x_lite import storage
 from t5x_lite.checkpoints.restored_model import RestoredModel
-from t5x_lite.data import tokenizer_files
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import TaskDataError
 from t5x_lite.inference import predict
 from t5x_lite.tf_setup import import_tensorflow

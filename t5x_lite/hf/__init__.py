@@ -13,7 +13,7 @@ Owns:
   gpt2.py, t5.py        each family's config translation and rules
   errors.py             `ConversionError`, the one bad-input error of a conversion
 
-A converted model's tokenizer (tokenizer.json or tokenizer.model) is read by data/hf_vocabulary.py
+A converted model's tokenizer (tokenizer.json or tokenizer.model) is read by data/vocab/hf_vocabulary.py
 (checkpoints/ needs it, and may not import hf/); to-hf writes it back (convert.py `_write_tokenizer`).
 
 Public names: `command.main` (cli.py); `convert.from_hf`, `convert.to_hf` and the family modules'

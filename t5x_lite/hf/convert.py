@@ -25,7 +25,7 @@ import numpy as np
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.checkpoints.init_from import flatten, unflatten
-from t5x_lite.data import tokenizer_files
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.hf import families, rules, safetensors_files
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.models import BaseModel

@@ -85,7 +85,7 @@ def generate_batch(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[
     A decoder-only row stops at its own EOS, after `max_new_tokens`, or when BOS + prompt + new
     tokens fill `model.max_len`; an empty prompt continues from BOS alone. `bos_id` is the
     model's first token and `zero_is_token` lets id 0 be generated: a Hugging Face tokenizer's
-    (data/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
+    (data/vocab/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
     """
     method = "greedy" if temperature == 0.0 else "sample"
     return [tokens for tokens, _ in generate_rows(

@@ -24,7 +24,8 @@ import jax
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import lookup, restored_model
-from t5x_lite.data import task_access, task_modules, tokenizer_files
+from t5x_lite.data import task_access, task_modules
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.inference import predict
 from t5x_lite.models import BaseModel

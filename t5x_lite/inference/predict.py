@@ -79,7 +79,7 @@ def predict(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[int]], 
     each batch's rows split over its devices and processes; every process keeps its own rows
     and they are combined once at the end. Batch b samples with fold_in(seed, first_batch + b).
     A causal LM reads `bos_id` first and may generate id 0 when `zero_is_token` (a Hugging Face
-    tokenizer's: data/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
+    tokenizer's: data/vocab/tokenizer_files.py `decoder_start_id`, `zero_is_token`).
     """
     cfg = decoding_config
     if cfg.method not in model.decoding_methods:

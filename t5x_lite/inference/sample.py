@@ -17,7 +17,7 @@ import jax
 
 from t5x_lite import errors, host_memory
 from t5x_lite.checkpoints import restored_model
-from t5x_lite.data import tokenizer_files
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding
 from t5x_lite.models import BaseModel

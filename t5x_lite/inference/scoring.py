@@ -76,7 +76,7 @@ def continuation_logprobs(*, model: BaseModel, params: Any,
     For each request, in the input order: the summed log-probability of the continuation
     given [BOS] + context, its token count, and whether every continuation token is the
     model's argmax. Context tokens beyond max_len are dropped from the left. `bos_id`: the
-    model's first token (a Hugging Face tokenizer's BOS, else EOS: data/tokenizer_files.py).
+    model's first token (a Hugging Face tokenizer's BOS, else EOS: data/vocab/tokenizer_files.py).
     Every continuation token is scored, id 0 included (rows carry weights, not padding ids).
     """
     rows = [([bos_id, *context], continuation) for context, continuation in requests]

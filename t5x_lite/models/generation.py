@@ -22,7 +22,7 @@ from t5x_lite.errors import ConfigValueError
 
 Array = jax.Array
 PAD_ID = 0  # padding; also BOS, the first input token of both decoders (a decoder-only model's can be another:
-# `bos_id`, a Hugging Face tokenizer's BOS, data/tokenizer_files.py)
+# `bos_id`, a Hugging Face tokenizer's BOS, data/vocab/tokenizer_files.py)
 STOPPED = -1  # a stopped row's later entries when id 0 is a real token of the vocabulary (`zero_is_token`)
 LENGTH_BUCKET = 8
 NEG_INF = -1.0e7  # a finite "impossible" score for beam search (as t5x): sums of it stay ordered

@@ -21,7 +21,7 @@ Owns:
   schedules.py   learning-rate schedules: pure functions of the step and their gin classes
                  (`WarmupCosine`, `WarmupLinear`, `RsqrtDecay`, `Constant`, `WarmupStableDecay`)
   periods.py     every N steps or N epochs (`eval_period`, `checkpoint_period`, a hook's `every`)
-  validation.py  the validation loss, and pipeline errors turned into messages that name the fix
+  validation.py  the validation loss: one streamed pass of the eval split (data/iterators.py builds it)
   reporting.py   what the loop prints: window summaries, epoch stats, the initial-loss check
   preemption.py  SIGTERM or JAX's preemption notice -> save, then `Preempted` (exit 75); before
                  the first step `StartupSignals`: SIGTERM/SIGINT stop at once (75/130), one line

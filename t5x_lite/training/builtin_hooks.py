@@ -15,8 +15,9 @@ import jax
 
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import lease as lease_lib
-from t5x_lite.data import input_pipeline, task_access, tokenizer_files
+from t5x_lite.data import iterators, task_access
 from t5x_lite.data.task_access import DataConfig
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.evaluation import eval_loop
 from t5x_lite.inference import sample
@@ -88,7 +89,7 @@ class StepMetrics(Hook):
 class EpochLog(Hook):
     """Every step that ends an epoch: prints what the epoch read."""
 
-    def __init__(self, *, writer: MetricsWriter, iterator: input_pipeline.BatchIterator):
+    def __init__(self, *, writer: MetricsWriter, iterator: iterators.DataIterator):
         super().__init__(every=1)
         self.writer, self.iterator = writer, iterator
 
@@ -164,7 +165,7 @@ class Checkpoints(Hook):
     the latest metrics, once every step up to it is known finite. Writes `info.latest.saved_step`."""
 
     def __init__(self, *, writer: MetricsWriter, checkpointer: checkpoint_lib.Checkpointer, period: Period,
-                 dropout_rng: jax.Array, iterator: input_pipeline.BatchIterator, metadata: dict, config_text: str,
+                 dropout_rng: jax.Array, iterator: iterators.DataIterator, metadata: dict, config_text: str,
                  async_save: bool, stop_on_nonfinite: bool, lease: lease_lib.Lease | None = None):
         super().__init__(every=1)
         self.writer, self.checkpointer, self.period = writer, checkpointer, period
@@ -219,7 +220,7 @@ class Checkpoints(Hook):
 
 
 def builtin_hooks(*, spec: RunSpec, writer: MetricsWriter, trainer: Trainer, placement: Placement,
-                  iterator: input_pipeline.BatchIterator, checkpointer: checkpoint_lib.Checkpointer,
+                  iterator: iterators.DataIterator, checkpointer: checkpoint_lib.Checkpointer,
                   lease: lease_lib.Lease | None, dropout_rng: jax.Array, metadata: dict, config_text: str,
                   stop_on_nonfinite: bool, log_period: int, eval_period: int | str, eval_batches: int | None,
                   multiple_choice: Sequence[eval_loop.MultipleChoiceEval], sample_prompt: str | Sequence[str] | None,

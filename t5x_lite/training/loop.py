@@ -20,7 +20,7 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints.retention import RetentionPolicy
-from t5x_lite.data import input_pipeline, task_access, task_modules
+from t5x_lite.data import iterators, task_access, task_modules
 from t5x_lite.errors import ConfigValueError, RunConfigError
 from t5x_lite.evaluation import eval_loop
 from t5x_lite.inference import sample
@@ -216,7 +216,7 @@ def train(
 
 
 def run_steps(*, state: trainer_lib.TrainState, dropout_rng: jax.Array, trainer: trainer_lib.Trainer,
-              iterator: input_pipeline.BatchIterator, train_steps: int | None, num_epochs: int | None,
+              iterator: iterators.DataIterator, train_steps: int | None, num_epochs: int | None,
               hooks: Sequence[Hook], run: RunContext, latest: Latest,
               save_on_stop: Callable[[StepInfo], None], profiler: profiling.StepProfiler, watcher: PreemptionWatcher,
               initial_loss_check: Callable | None = None) -> StepInfo:

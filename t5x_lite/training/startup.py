@@ -21,11 +21,11 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints import lease as lease_lib
-from t5x_lite.data import hf_vocabulary, index_plan, indexed_input, input_pipeline, task_access
+from t5x_lite.data import iterators, task_access
+from t5x_lite.data.vocab import hf_vocabulary
 from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics.writer import MetricsWriter
 from t5x_lite.parallel import partitioning
-from t5x_lite.training import validation
 from t5x_lite.training.run_spec import RunSpec
 from t5x_lite.training.trainer import Trainer, TrainState
 
@@ -86,39 +86,24 @@ def model_dir_lease(model_dir: str, *, is_chief: bool, num_processes: int = 1) -
 class TrainData:
     """The train iterator of this process and how the batch is split over processes."""
 
-    iterator: input_pipeline.BatchIterator | indexed_input.IndexedBatchIterator
+    iterator: iterators.DataIterator
     steps_per_epoch: int | None  # None when epochs are not planned
     num_shards: int
     host_batch: int
     streamed_because: str  # why the data is read by streaming; '' when it is read by index
+    by_index: bool
 
 
 def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -> TrainData:
     """The train iterator (by index when the task allows, else streaming), with the train and eval
     pipelines built now: a bad length or split stops the run before anything is written."""
     shard, num_shards, host_batch = partitioning.process_data_shard(batch_sharding, spec.train_data.batch_size)
-    with validation.pipeline_errors(spec.train_data):
-        plan, streamed_because = index_plan.plan(spec.train_data)
-    if plan is not None:
-        iterator = indexed_input.IndexedBatchIterator(plan, num_epochs=spec.num_epochs, host_batch_size=host_batch,
-                                                      shard_index=shard, num_shards=num_shards)
-        steps_per_epoch = iterator.steps_per_epoch
-        with validation.pipeline_errors(spec.train_data):
-            iterator.prepare()
-    else:
-        # Several data shards must stop together, so their epochs are always planned (counted up front).
-        plan_epochs = plan_epochs or num_shards > 1
-        iterator = input_pipeline.BatchIterator(spec.train_data, num_epochs=spec.num_epochs,
-                                                host_batch_size=host_batch, shard_index=shard,
-                                                num_shards=num_shards, plan_epochs=plan_epochs)
-        with validation.pipeline_errors(spec.train_data):
-            steps_per_epoch = iterator.steps_in_epoch(0) if plan_epochs else None
-            iterator.prepare()
+    batches = iterators.build(spec.train_data, num_epochs=spec.num_epochs, host_batch_size=host_batch,
+                              shard_index=shard, num_shards=num_shards, plan_epochs=plan_epochs)
     if spec.eval_data is not None:
-        with validation.pipeline_errors(spec.eval_data):
-            input_pipeline.epoch_rows(spec.eval_data, epoch=0, shard_index=shard, num_shards=num_shards)
-    return TrainData(iterator=iterator, steps_per_epoch=steps_per_epoch, num_shards=num_shards, host_batch=host_batch,
-                     streamed_because=streamed_because)
+        iterators.check_split(spec.eval_data, shard_index=shard, num_shards=num_shards)
+    return TrainData(iterator=batches.iterator, steps_per_epoch=batches.steps_per_epoch, num_shards=num_shards,
+                     host_batch=host_batch, streamed_because=batches.streamed_because, by_index=batches.by_index)
 
 
 def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData, *,
@@ -132,7 +117,7 @@ def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainDat
                  + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
                  + (f": {mesh_note}" if mesh_note else ""))
     epochs = f"{spec.num_epochs or 'unlimited'} epoch(s)"
-    if isinstance(data.iterator, indexed_input.IndexedBatchIterator):
+    if data.by_index:
         writer.print(f"data: {data.iterator.describe()}; {epochs}")
     elif data.steps_per_epoch:
         writer.print(f"data: {data.steps_per_epoch} steps per epoch of {spec.train_data.mixture_or_task_name!r} "
@@ -166,7 +151,7 @@ class StartingPoint:
 
 
 def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: checkpoint_lib.Checkpointer,
-                          iterator: input_pipeline.BatchIterator, metadata: dict, config_text: str,
+                          iterator: iterators.DataIterator, metadata: dict, config_text: str,
                           init_from: init_from_lib.InitFrom | None, seed: int, writer: MetricsWriter,
                           is_chief: bool) -> StartingPoint:
     """The latest good checkpoint of the run (its state and data position), or a new state."""

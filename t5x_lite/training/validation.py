@@ -1,13 +1,12 @@
-"""The validation loss of the train loop, and the pipeline errors found while building a split."""
+"""The validation loss of the train loop."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
-from t5x_lite.data import input_pipeline
+from t5x_lite.data import iterators
 from t5x_lite.data.task_access import DataConfig
-from t5x_lite.errors import RunConfigError, TaskDataError, UserError
+from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics import arithmetic as metric_math
 from t5x_lite.parallel import partitioning
 from t5x_lite.training import trainer as trainer_lib
@@ -21,8 +20,8 @@ def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: DataConfi
     so the result does not depend on the batch size.
     """
     shard, num_shards, host_batch = partitioning.process_data_shard(trainer.batch_sharding, config.batch_size)
-    iterator = input_pipeline.BatchIterator(config, num_epochs=1, host_batch_size=host_batch,
-                                            shard_index=shard, num_shards=num_shards, plan_epochs=num_shards > 1)
+    iterator = iterators.build(config, num_epochs=1, host_batch_size=host_batch, shard_index=shard,
+                               num_shards=num_shards, validation=True).iterator
     totals = {"loss_sum": 0.0, "weight_sum": 0.0}
     try:
         for i, batch in enumerate(iterator):
@@ -39,19 +38,3 @@ def validation_loss(trainer: trainer_lib.Trainer, params: Any, config: DataConfi
     loss = totals["loss_sum"] / totals["weight_sum"]
     return {"loss": loss, "perplexity": metric_math.perplexity(loss), "tokens": totals["weight_sum"]}
 
-
-@contextlib.contextmanager
-def pipeline_errors(cfg: DataConfig):
-    """Turns a preprocessor's complaint about the lengths or the data, raised while a split's
-    pipeline is built, into a RunConfigError (the run stops before anything is written)."""
-    try:
-        yield
-    except (input_pipeline.MissingSplitError, TaskDataError) as e:
-        raise RunConfigError(str(e)) from None
-    except UserError:  # already names the problem (a damaged file, a bad value)
-        raise
-    except ValueError as e:
-        raise RunConfigError(
-            f"The {cfg.split} input pipeline of {cfg.mixture_or_task_name!r} cannot be built: {e}\n"
-            "Check SEQUENCE_LENGTH (and INPUTS_LENGTH) against what the task's preprocessors produce."
-        ) from None

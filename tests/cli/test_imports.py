@@ -88,7 +88,7 @@ def test_the_loader_finder_finds_importlib_calls():
     assert _loaders("import importlib\ndef f(n):\n    return importlib.import_module(n)\n", "a.py") == [("a.py", "f")]
     assert _loaders("from importlib.util import spec_from_file_location as s\n", "b.py") == [("b.py", "<module>")]
     assert _loaders("x = __import__('os')\n", "c.py") == [("c.py", "<module>")]
-    assert _loaders("import os\nfrom t5x_lite.data import prepare\n", "d.py") == []
+    assert _loaders("import os\nfrom t5x_lite.data.preparation import prepare\n", "d.py") == []
 
 
 def test_package_code_is_imported_by_import_statements_never_loaded_through_importlib():

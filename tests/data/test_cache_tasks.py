@@ -7,7 +7,8 @@ import pickle
 import pytest
 
 from t5x_lite.config import cache_command, parsing
-from t5x_lite.data import index_plan, task_access, task_factories
+from t5x_lite.data import task_access, task_factories
+from t5x_lite.data.indexed import index_plan
 
 TASK = "test_cache_small_lm"
 LENGTHS = {"targets": 64}
@@ -65,7 +66,8 @@ def test_a_cached_lm_task_is_read_by_index(cache_dir, small_data_dir):
     """The cache's offset index: an epoch read by index holds every cached document + EOS once."""
     import tensorflow as tf
 
-    from t5x_lite.data import indexed_input, record_index
+    from t5x_lite.data.indexed import indexed_input
+    from t5x_lite.data.records import record_index
     from tests.data.test_input_pipeline import real_tokens
 
     name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))

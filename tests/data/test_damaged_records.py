@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from t5x_lite.data import record_frame, tfrecord_stream
+from t5x_lite.data.records import record_frame, tfrecord_stream
 from t5x_lite.tf_setup import import_tensorflow
 
 

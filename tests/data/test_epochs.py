@@ -1,4 +1,4 @@
-"""The epoch rules (data/epochs.py): pure, then shared by the index reader and `t5x-lite estimate`,
+"""The epoch rules (data/indexed/epochs.py): pure, then shared by the index reader and `t5x-lite estimate`,
 which must agree on every task the reader reads by index."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from t5x_lite.data import epochs, index_command, index_plan, indexed_input, mixing, task_access, task_factories
+from t5x_lite.data import task_access, task_factories
+from t5x_lite.data.indexed import epochs, index_plan, indexed_input, mixing
+from t5x_lite.data.preparation import index_command
 from t5x_lite.estimate import command as estimate
 from tests.data.test_indexed_input import write_id_directory
 

@@ -23,9 +23,12 @@ transformers = pytest.importorskip("transformers")
 import sentencepiece  # noqa: E402
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
 
-from t5x_lite.data import hf_vocabulary, input_pipeline, prepare, task_access, task_factories, tokenizer_files  # noqa
-from t5x_lite.data.corpus import PrepareError  # noqa: E402
-from t5x_lite.data.tokenizer_files import SpecialIds, TokenizerError, TokenizerSource  # noqa: E402
+from t5x_lite.data import task_access, task_factories  # noqa
+from t5x_lite.data.preparation import prepare  # noqa: E402
+from t5x_lite.data.preparation.corpus import PrepareError  # noqa: E402
+from t5x_lite.data.streaming import input_pipeline  # noqa: E402
+from t5x_lite.data.vocab import hf_vocabulary, tokenizer_files  # noqa: E402
+from t5x_lite.data.vocab.tokenizer_files import SpecialIds, TokenizerError, TokenizerSource  # noqa: E402
 from t5x_lite.errors import TaskDataError  # noqa: E402
 from t5x_lite.tf_setup import import_tensorflow  # noqa: E402
 
@@ -257,7 +260,7 @@ def test_a_document_holding_token_0_gets_loss_weight_on_it(pack, folders):
 
 
 def test_a_prefix_lm_row_keeps_token_0_in_its_prefix_and_its_targets(folders):
-    from t5x_lite.data import feature_converters
+    from t5x_lite.data.streaming import feature_converters
 
     vocabulary = hf_vocabulary.load_path(str(folders["gpt2"]))
     converter = feature_converters.feature_converter("prefix_lm", pack=False, vocabulary=vocabulary)
@@ -271,7 +274,7 @@ def test_a_prefix_lm_row_keeps_token_0_in_its_prefix_and_its_targets(folders):
 
 
 def test_an_encoder_decoder_refuses_a_vocabulary_whose_token_0_is_real(folders):
-    from t5x_lite.data import feature_converters
+    from t5x_lite.data.streaming import feature_converters
 
     vocabulary = hf_vocabulary.load_path(str(folders["gpt2"]))
     with pytest.raises(TaskDataError, match="takes token 0 for padding"):

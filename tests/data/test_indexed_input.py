@@ -9,19 +9,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from t5x_lite.data import (
-    index_command,
-    index_permutation,
-    index_plan,
-    indexed_input,
-    input_pipeline,
-    mixing,
-    record_index,
-    task_access,
-    task_factories,
-    tfrecord_stream,
-    token_rows,
-)
+from t5x_lite.data import task_access, task_factories
+from t5x_lite.data.indexed import index_permutation, index_plan, indexed_input, mixing, token_rows
+from t5x_lite.data.preparation import index_command
+from t5x_lite.data.records import record_index, tfrecord_stream
+from t5x_lite.data.streaming import input_pipeline
 from t5x_lite.errors import ConfigValueError
 from tests.data.test_input_pipeline import assert_same_batches, real_tokens, split_epochs
 

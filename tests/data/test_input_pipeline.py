@@ -9,7 +9,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from t5x_lite.data import input_pipeline, task_access, task_factories
+from t5x_lite.data import task_access, task_factories
+from t5x_lite.data.streaming import input_pipeline
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.models import decoder_only
 from t5x_lite.parallel import partitioning

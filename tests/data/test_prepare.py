@@ -12,9 +12,9 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from t5x_lite.data import corpus as corpus_lib
-from t5x_lite.data import prepare as prep
-from t5x_lite.data import spm_vocabulary
+from t5x_lite.data.preparation import corpus as corpus_lib
+from t5x_lite.data.preparation import prepare as prep
+from t5x_lite.data.preparation import spm_vocabulary
 
 VOCAB_SIZE = 320
 WORDS = ["alpha", "beta", "gamma", "delta", "value", "total", "count", "index", "item", "result"]
@@ -133,7 +133,7 @@ def test_another_process_with_other_workers_gives_identical_files(corpus, prepar
     out_dir, _ = prepared
     again = tmp_path / "again"
     root = Path(__file__).resolve().parents[2]
-    subprocess.run([sys.executable, "-m", "t5x_lite.data.prepare", f"--input={corpus[0]}", f"--out={again}",
+    subprocess.run([sys.executable, "-m", "t5x_lite.data.preparation.prepare", f"--input={corpus[0]}", f"--out={again}",
                     f"--vocab_size={VOCAB_SIZE}", "--num_shards=3", "--validation_fraction=0.2",
                     "--num_workers=1"], cwd=root, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(root)})

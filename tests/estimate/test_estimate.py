@@ -218,7 +218,8 @@ def test_cli_json_with_prepared_metadata(tmp_path, capsys):
 
 def test_an_indexed_split_gives_the_exact_epoch(data_dir, capsys):
     """Read by index, an epoch is ceil(ceil(stream tokens / length) / batch) steps: what the run prints."""
-    from t5x_lite.data import index_plan, indexed_input, task_access, task_factories
+    from t5x_lite.data import task_access, task_factories
+    from t5x_lite.data.indexed import index_plan, indexed_input
 
     assert estimate.main(["--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{data_dir}'", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)["data"]

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from t5x_lite import storage
-from t5x_lite.data import corpus, prepare, tfrecord_stream
+from t5x_lite.data.preparation import corpus, prepare
+from t5x_lite.data.records import tfrecord_stream
 from t5x_lite.tf_setup import import_tensorflow
 from tests.conftest import S3_BUCKET as BUCKET
 
@@ -94,8 +95,8 @@ def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small
 
 def test_reading_by_index_over_s3_gives_the_local_batches(s3_data_dir, small_data_dir):
     """The index read whole, each record a ranged read through storage (CRC-checked)."""
-    from t5x_lite.data import index_plan, indexed_input, task_access
-
+    from t5x_lite.data import task_access
+    from t5x_lite.data.indexed import index_plan, indexed_input
     from t5x_lite.data.tasks import lm
     batches = []
     for name, data_dir in (("test_s3_indexed", s3_data_dir), ("test_local_indexed", str(small_data_dir))):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 
 from t5x_lite import storage
-from t5x_lite.data import hf_vocabulary, index_plan, prepared_dataset, tfrecord_stream
+from t5x_lite.data.indexed import index_plan
+from t5x_lite.data.records import prepared_dataset, tfrecord_stream
+from t5x_lite.data.vocab import hf_vocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -78,7 +80,7 @@ def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSou
     """The token-id records of a prepared directory and its vocabulary (+ sentinel ids).
 
     `data_dir` may be local, gs:// or s3://. tf.data reads local and gs:// shards itself;
-    s3:// shards are streamed through fsspec (t5x_lite.data.tfrecord_stream). Either way seqio
+    s3:// shards are streamed through fsspec (t5x_lite.data.records.tfrecord_stream). Either way seqio
     shards by file, so each host opens only its own shards.
     """
     metadata = read_metadata(data_dir)
@@ -135,7 +137,7 @@ def register_prepared_task(name: str, data_dir: str, *, preprocessors: list, fea
 
 def register_lm_task(name: str, data_dir: str) -> seqio.Task:
     """Registers (or re-registers) an LM task `name` over a prepared directory (readable by index:
-    its rows are the directory's documents + EOS, packed; data/index_plan.py)."""
+    its rows are the directory's documents + EOS, packed; data/indexed/index_plan.py)."""
     task = register_prepared_task(
         name, data_dir, features=("targets",),
         preprocessors=[

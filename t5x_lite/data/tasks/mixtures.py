@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import numbers
 
-from t5x_lite.data import index_plan
+from t5x_lite.data.indexed import index_plan
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 

@@ -5,10 +5,10 @@ string field) or TFRecord files (tf.train.Example with the document in a bytes f
 Files are seqio's unit of sharding and shuffling (`seqio.FileDataSource`): with at least as
 many files as data shards each host reads only its own files (with fewer, seqio reads them all
 on every host and shards the examples). The text is tokenized with a SentencePiece
-model, a Hugging Face tokenizer (data/hf_vocabulary.py) or seqio's byte vocabulary, long
+model, a Hugging Face tokenizer (data/vocab/hf_vocabulary.py) or seqio's byte vocabulary, long
 documents are split into pieces of the targets length (with room for EOS), and EOS is appended.
 `t5x-lite cache` stores the tokenized text (up to the CacheDatasetPlaceholder); a run reading
-that cache (use_cached=True) reads it by index (data/index_plan.py).
+that cache (use_cached=True) reads it by index (data/indexed/index_plan.py).
 
 A record without usable text (a jsonl line that is not a JSON object with a string field, a
 TFRecord without exactly one value of the feature) stops reading with an error naming the
@@ -27,8 +27,9 @@ import os
 
 from google.protobuf.message import DecodeError
 
-from t5x_lite.data import hf_vocabulary, index_plan
+from t5x_lite.data.indexed import index_plan
 from t5x_lite.data.tasks.lm import replace_task
+from t5x_lite.data.vocab import hf_vocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 

@@ -1,6 +1,6 @@
 """TFRecord files read through `t5x_lite.storage`, for stores tf.data cannot open (s3://).
 
-Each file is streamed and its frames read and checked by data/record_frame.py (both checksums),
+Each file is streamed and its frames read and checked by data/records/record_frame.py (both checksums),
 so a truncated or corrupted shard fails loudly instead of yielding bad examples.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from t5x_lite import storage
-from t5x_lite.data.record_frame import HEADER_BYTES, read_frame
+from t5x_lite.data.records.record_frame import HEADER_BYTES, read_frame
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from t5x_lite import storage
-from t5x_lite.data.tokenizer_files import SpecialIdProperties, SpecialIds, TokenizerError
+from t5x_lite.data.vocab.tokenizer_files import SpecialIdProperties, SpecialIds, TokenizerError
 from t5x_lite.errors import MissingExtraError
 from t5x_lite.tf_setup import import_tensorflow
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from t5x_lite.data import tokenizer_files
 from t5x_lite.data.task_access import FEATURE_CONVERTERS
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 

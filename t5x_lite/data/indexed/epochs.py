@@ -1,6 +1,6 @@
 """Whether a run's data is read by index, and how long its epoch is then: the rules, pure.
 
-The index reader (data/index_plan.py, data/indexed_input.py) and `t5x-lite estimate`
+The index reader (data/indexed/index_plan.py, data/indexed/indexed_input.py) and `t5x-lite estimate`
 (estimate/epoch.py) both decide with these functions, so the estimate says what the run does.
 They describe what is read without seqio: a tree of tasks (`Task`) and mixtures (`Mixture`),
 which the reader builds from seqio's registries and the estimate from the gin config's
@@ -10,8 +10,8 @@ offline cache) comes through the functions the caller passes.
 Read by index: an 'lm' converter, packed rows, and every task under the mixture tree an LM
 task (rows are its stored tokens + EOS) whose split has an offset index: its prepared
 directory's, or with `use_cached` its offline cache's; no mixture with `exhaust_all_tasks`.
-A task's rows are ceil(stream tokens / length) (data/token_rows.py); a mixture's epoch is as many positions as its
-scarcest task (rows per unit of rate, data/mixing.py's counts) fills in one of its own epochs;
+A task's rows are ceil(stream tokens / length) (data/indexed/token_rows.py); a mixture's epoch is as many positions as its
+scarcest task (rows per unit of rate, data/indexed/mixing.py's counts) fills in one of its own epochs;
 an epoch's steps are ceil(positions / global batch), at least 1.
 """
 
@@ -21,7 +21,7 @@ import dataclasses
 import math
 from typing import Callable, Mapping, Sequence, Union
 
-from t5x_lite.data import mixing, token_rows
+from t5x_lite.data.indexed import mixing, token_rows
 
 
 @dataclasses.dataclass(frozen=True)

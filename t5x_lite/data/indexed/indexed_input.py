@@ -1,15 +1,15 @@
 """Host-local batches read by index: a global shuffle per epoch and a resume that costs the same anywhere.
 
-A task's split is a stream of packed rows (data/token_rows.py: documents + EOS cut into rows of
+A task's split is a stream of packed rows (data/indexed/token_rows.py: documents + EOS cut into rows of
 the sequence length), numbered 0..R-1 from its offset index. Epoch e visits a permutation of
-all R rows (data/index_permutation.py, seeded by (seed, epoch, task)); step t of the epoch takes
+all R rows (data/indexed/index_permutation.py, seeded by (seed, epoch, task)); step t of the epoch takes
 positions [t * G, (t + 1) * G) of that order for a global batch of G rows, and data shard s of
 D takes its G / D consecutive positions of them. An epoch therefore has ceil(R / G) steps on
 every shard and process, known from the index without a counting pass; positions past R (the
 last step's remainder) are empty rows with zero loss weight, so every row is read exactly once
 per epoch over all shards.
 
-A mixture's positions are spread over its tasks by a deterministic schedule (data/mixing.py):
+A mixture's positions are spread over its tasks by a deterministic schedule (data/indexed/mixing.py):
 position i is the u-th row taken from task k, which is row u mod R_k of task k's epoch
 u div R_k. Each task runs through its own epochs; one epoch of the mixture is as many positions
 as its scarcest task (rows per unit of rate) fills in one of its epochs, as with seqio's default.
@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from t5x_lite.data import epochs, index_permutation, mixing, record_index, token_rows
-from t5x_lite.data.index_plan import IndexPlan
+from t5x_lite.data.indexed import epochs, index_permutation, mixing, token_rows
+from t5x_lite.data.indexed.index_plan import IndexPlan
+from t5x_lite.data.records import record_index
 from t5x_lite.errors import UserError
 
 

@@ -4,9 +4,9 @@ Each split of each task runs through the task's preprocessors up to its
 `seqio.CacheDatasetPlaceholder` once, in a Beam pipeline built from seqio's own transforms
 (`seqio.beam_utils`), and lands in OUTPUT_CACHE_DIR/<task>/ in the layout that
 `use_cached=True` reads: shuffled TFRecord shards, info and stats JSON per split, COMPLETED.
-Each split then gets its offset index (data/record_index.py: `<split>.index.npy` and
+Each split then gets its offset index (data/records/record_index.py: `<split>.index.npy` and
 `<split>.index.json`, the split entry the index path reads), so a cached LM task is read by
-index like a prepared directory (data/index_plan.py).
+index like a prepared directory (data/indexed/index_plan.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import json
 from typing import Callable, Sequence
 
 from t5x_lite import storage
-from t5x_lite.data import record_index, task_access
+from t5x_lite.data import task_access
+from t5x_lite.data.records import record_index
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 

@@ -14,7 +14,7 @@ import sys
 import time
 
 from t5x_lite import storage
-from t5x_lite.data import prepared_dataset, record_index
+from t5x_lite.data.records import prepared_dataset, record_index
 from t5x_lite.errors import UserError
 
 

@@ -13,9 +13,9 @@ import os
 from typing import Any
 
 from t5x_lite import storage
-from t5x_lite.data import tokenizer_files
-from t5x_lite.data.prepared_dataset import TOKENIZER_SUBDIR
-from t5x_lite.data.tokenizer_files import TOKEN_NAME_FILES, SpecialIds, TokenizerSource
+from t5x_lite.data.records.prepared_dataset import TOKENIZER_SUBDIR
+from t5x_lite.data.vocab import tokenizer_files
+from t5x_lite.data.vocab.tokenizer_files import TOKEN_NAME_FILES, SpecialIds, TokenizerSource
 
 PREPARED_SUBDIR = TOKENIZER_SUBDIR  # in a prepared directory: the copy of its tokenizer
 
@@ -23,7 +23,7 @@ PREPARED_SUBDIR = TOKENIZER_SUBDIR  # in a prepared directory: the copy of its t
 def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: int = 0) -> Any:
     """The seqio vocabulary of `source`, with `ids` (default: read from its folder, `tokenizer_files.special_ids`)."""
     if source.kind == "sentencepiece":
-        from t5x_lite.data import hf_sentencepiece  # seqio and TensorFlow: imported when first needed
+        from t5x_lite.data.vocab import hf_sentencepiece  # seqio and TensorFlow: imported when first needed
 
         if ids is None:
             model = hf_sentencepiece.read_model(source.path)
@@ -39,7 +39,7 @@ def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: i
                                               special_tokens=pieces)
         return hf_sentencepiece.HfSentencePieceVocabulary(source.path, ids=ids, extra_ids=extra_ids)
 
-    from t5x_lite.data import tokenizer_json  # seqio and TensorFlow: imported when first needed
+    from t5x_lite.data.vocab import tokenizer_json  # seqio and TensorFlow: imported when first needed
 
     if ids is None:
         tokenizer = tokenizer_json.load_tokenizer(source.path)

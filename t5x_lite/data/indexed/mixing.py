@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from t5x_lite.data import index_permutation
+from t5x_lite.data.indexed import index_permutation
 
 BLOCK = 8192
 

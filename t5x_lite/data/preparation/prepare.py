@@ -1,6 +1,6 @@
 """Text and jsonl → a SentencePiece vocabulary and sharded, tokenized TFRecords.
 
-`python -m t5x_lite.data.prepare --input=DIR_OR_FILE --out=DATA_DIR` writes to DATA_DIR:
+`python -m t5x_lite.data.preparation.prepare --input=DIR_OR_FILE --out=DATA_DIR` writes to DATA_DIR:
 
   spm.model, spm.vocab                 SentencePiece unigram model (pad 0, eos 1, unk 2, no bos), or
   tokenizer/                           with --tokenizer: a copy of a Hugging Face tokenizer (its ids
@@ -23,8 +23,8 @@ against the model's config.json `vocab_size` when the path has one.
 
 This module is the `t5x-lite prepare` command: its flags, checks and the steps in order. The
 steps live in `corpus` (inputs, splits, vocabulary sample), `spm_vocabulary` (training the
-vocabulary, tokenizing), `hf_vocabulary` (a Hugging Face tokenizer) and `prepared_dataset` (the
-shards and metadata.json).
+vocabulary, tokenizing), `hf_vocabulary` (a Hugging Face tokenizer), `shards` (the shards) and
+`prepared_dataset` (metadata.json).
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ import time
 from collections.abc import Callable, Sequence
 
 from t5x_lite import host_memory, storage
-from t5x_lite.data import corpus, hf_vocabulary, prepared_dataset, spm_vocabulary, tokenizer_files
-from t5x_lite.data.corpus import PYTHON_STDLIB, PrepareError
-from t5x_lite.data.prepared_dataset import METADATA_FILE, VOCAB_FILE
+from t5x_lite.data.preparation import corpus, shards, spm_vocabulary
+from t5x_lite.data.preparation.corpus import PYTHON_STDLIB, PrepareError
+from t5x_lite.data.records import prepared_dataset
+from t5x_lite.data.records.prepared_dataset import METADATA_FILE, VOCAB_FILE
+from t5x_lite.data.vocab import hf_vocabulary, tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -156,7 +158,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
                            validation_fraction=validation_fraction,
                            vocab_sample_bytes=vocab_sample_bytes)
     _check_splits(survey.num_documents, inputs)
-    prepared_dataset.clear_outputs(out_dir)
+    shards.clear_outputs(out_dir)
 
     make_encoder = None
     if hf_source is not None:
@@ -187,7 +189,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
                             "validation": min(num_shards, survey.num_documents["validation"])}
     encoded = spm_vocabulary.tokenize(corpus.iter_documents(sources, jsonl_field),
                                       model_file=model_file, num_workers=num_workers, make_encoder=make_encoder)
-    splits = prepared_dataset.write_shards(encoded, out_dir=out_dir, num_shards=num_shards_per_split,
+    splits = shards.write_shards(encoded, out_dir=out_dir, num_shards=num_shards_per_split,
                                            seed=seed, validation_fraction=validation_fraction)
     tokenize_seconds = time.perf_counter() - tokenize_start
 
@@ -233,7 +235,7 @@ def prepare_remote(*, out_dir: str, overwrite: bool = False,
                 name = name.rstrip("/")
                 if name == hf_vocabulary.PREPARED_SUBDIR:
                     storage.remove_tree(storage.join(out_dir, name))
-                elif prepared_dataset.is_output(name):
+                elif shards.is_output(name):
                     storage.remove(storage.join(out_dir, name))
         files = [os.path.relpath(os.path.join(d, f), staging) for d, _, names in os.walk(staging) for f in names]
         for name in sorted(files, key=lambda name: name == METADATA_FILE):

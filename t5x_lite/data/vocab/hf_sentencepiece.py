@@ -19,7 +19,7 @@ import sentencepiece
 from sentencepiece import sentencepiece_model_pb2
 
 from t5x_lite import storage
-from t5x_lite.data.tokenizer_files import SpecialIdProperties, SpecialIds, TokenizerError
+from t5x_lite.data.vocab.tokenizer_files import SpecialIdProperties, SpecialIds, TokenizerError
 from t5x_lite.tf_setup import import_tensorflow
 
 tf = import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs

@@ -24,9 +24,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from t5x_lite import storage
-from t5x_lite.data import tfrecord_stream
-from t5x_lite.data.record_frame import FRAME_BYTES, read_frame
-from t5x_lite.data.tfrecord_stream import CorruptRecordError
+from t5x_lite.data.records import tfrecord_stream
+from t5x_lite.data.records.record_frame import FRAME_BYTES, read_frame
+from t5x_lite.data.records.tfrecord_stream import CorruptRecordError
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 

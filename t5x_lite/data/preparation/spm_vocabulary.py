@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
-from t5x_lite.data.corpus import Document, PrepareError
+from t5x_lite.data.preparation.corpus import Document, PrepareError
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # Byte fallback reserves 256 byte pieces; with pad/eos/unk at least one learned piece must remain.

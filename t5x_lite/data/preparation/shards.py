@@ -1,36 +1,22 @@
-"""The files of a prepared data directory: its sharded TFRecords and metadata.json, written and read back.
+"""A prepared directory's sharded TFRecords, written round-robin in document order, and the
+outputs of an earlier run cleared.
 
-Layout: `spm.model`/`spm.vocab` (or, prepared with --tokenizer, a Hugging Face tokenizer in
-`tokenizer/`), `<split>-SSSSS-of-NNNNN.tfrecord` (tf.train.Examples with `targets`, the token ids
-without EOS, and `id`), each split's offset index `<split>.index.npy` (data/record_index.py),
-and `metadata.json`, written last so that a directory holding it is complete (its `vocabulary`
-names the vocabulary file; `tokenizer`, when present, the Hugging Face tokenizer's kind, source
-and special ids). Shards are written under temporary names and renamed only once every shard is
-finished, so an interrupted run leaves no shard that looks whole.
+Shards are written under temporary names and renamed only once every shard is finished, so an
+interrupted run leaves no shard that looks whole (the layout: data/records/prepared_dataset.py).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import functools
-import json
 import os
 import shutil
 from collections.abc import Iterable
 
-from t5x_lite import storage
-from t5x_lite.data import record_index
-from t5x_lite.data.corpus import SPLITS, Document, split_of
+from t5x_lite.data.preparation.corpus import SPLITS, Document, split_of
+from t5x_lite.data.records import record_index
+from t5x_lite.data.records.prepared_dataset import METADATA_FILE, TMP_SUFFIX, TOKENIZER_SUBDIR
 from t5x_lite.tf_setup import import_tensorflow
-
-FORMAT_VERSION = 1
-METADATA_FILE = "metadata.json"
-VOCAB_FILE = "spm.model"
-TOKENIZER_SUBDIR = "tokenizer"  # a Hugging Face tokenizer's copy (prepare --tokenizer)
-_TMP_SUFFIX = ".tmp"
-
-
-# ---------------------------------------------------------------------------------- shards
 
 
 @functools.cache
@@ -46,7 +32,7 @@ class _SplitWriter:
     def __init__(self, tf, paths: list[str]):
         self._tf = tf
         self._paths = paths
-        self._writers = [tf.io.TFRecordWriter(path + _TMP_SUFFIX) for path in paths]
+        self._writers = [tf.io.TFRecordWriter(path + TMP_SUFFIX) for path in paths]
         self.num_examples = 0
         self.num_tokens = 0
         # Each shard's record sizes and token counts, for the split's offset index.
@@ -75,14 +61,14 @@ class _SplitWriter:
     def commit(self) -> None:
         """Gives the finished shards their final names."""
         for path in self._paths:
-            os.replace(path + _TMP_SUFFIX, path)
+            os.replace(path + TMP_SUFFIX, path)
 
     def discard(self) -> None:
         """Closes and deletes the unfinished shards."""
         self.close()
         for path in self._paths:
-            if os.path.exists(path + _TMP_SUFFIX):
-                os.remove(path + _TMP_SUFFIX)
+            if os.path.exists(path + TMP_SUFFIX):
+                os.remove(path + TMP_SUFFIX)
 
 
 def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
@@ -116,7 +102,7 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
             for split, writer in writers.items()}
 
 
-# -------------------------------------------------------------------- the directory as a whole
+# -------------------------------------------------------------- an earlier run's outputs
 
 
 def is_output(name: str) -> bool:
@@ -133,42 +119,3 @@ def clear_outputs(out_dir: str) -> None:
         if is_output(name):
             os.remove(os.path.join(out_dir, name))
     shutil.rmtree(os.path.join(out_dir, TOKENIZER_SUBDIR), ignore_errors=True)
-
-
-def read_metadata(data_dir: str) -> dict | None:
-    """The metadata.json of a prepared directory (local, gs:// or s3://); None when it has none.
-
-    A local directory is read without TensorFlow; storage.StorageError for an unreachable store.
-    """
-    path = storage.join(data_dir, METADATA_FILE)
-    if not storage.is_url(data_dir):
-        if not os.path.isfile(path):
-            return None
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    if not storage.exists(path):
-        return None
-    with storage.open(path, "r") as f:
-        return json.load(f)
-
-
-def split_entry(directory: str, split: str, *, cached: bool = False) -> dict | None:
-    """A split's entry (pattern, num_shards, num_examples, index): from a prepared directory's
-    metadata.json, or from a task's offline cache (the `<split>.index.json` that `t5x-lite cache`
-    writes beside the cached split, cached=True); None when there is none."""
-    if not cached:
-        return (read_metadata(directory) or {}).get("splits", {}).get(split)
-    path = storage.join(directory, record_index.cached_entry_name(split))
-    if not storage.exists(path):
-        return None
-    with storage.open(path, "r") as f:
-        return json.load(f)
-
-
-def write_metadata(out_dir: str, metadata: dict) -> None:
-    """Writes `metadata` as the metadata.json of local `out_dir`, atomically (via a temporary name)."""
-    path = os.path.join(out_dir, METADATA_FILE)
-    with open(path + _TMP_SUFFIX, "w", encoding="utf-8") as f:
-        json.dump(metadata, f, indent=2)
-        f.write("\n")
-    os.replace(path + _TMP_SUFFIX, path)

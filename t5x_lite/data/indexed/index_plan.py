@@ -1,14 +1,14 @@
 """Whether a run's training data can be read by index, and what that reading needs.
 
-The index path (data/indexed_input.py) reads rows by number from a split's offset index
-(data/record_index.py). It can read a task whose rows are a function of stored tokens alone:
+The index path (data/indexed/indexed_input.py) reads rows by number from a split's offset index
+(data/records/record_index.py). It can read a task whose rows are a function of stored tokens alone:
 an LM task over a prepared directory (`lm_task`: documents + EOS, packed), an LM task's offline
 cache (`use_cached=True`: `lm_task`, or `text_task` whose cache holds the tokenized text), or a
 mixture of such tasks. Everything else is read by streaming through seqio's tf.data pipeline:
 tasks with on-the-fly preprocessing (raw text read uncached, span corruption's noise, prefix
 LM's split points), other feature converters, unpacked rows, and mixtures with
 `exhaust_all_tasks`. `plan` says which, and why, for the start-up line. The rules are
-data/epochs.py's (which `t5x-lite estimate` follows too); this module describes the registered
+data/indexed/epochs.py's (which `t5x-lite estimate` follows too); this module describes the registered
 task or mixture to them and reads the split entries they ask for.
 
 The task modules of data/tasks/ register here what they know of a task (`register_lm_task`,
@@ -21,8 +21,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from t5x_lite.data import epochs, prepared_dataset, record_index, tokenizer_files
+from t5x_lite.data.indexed import epochs
+from t5x_lite.data.records import prepared_dataset, record_index
 from t5x_lite.data.task_access import DataConfig, get_task
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 
 _LM_TASKS: dict[str, tuple[Any, str | None]] = {}  # name -> (seqio task, prepared directory or None)
@@ -60,7 +62,7 @@ class IndexPlan:
 
 
 def _node(name: str) -> epochs.Node:
-    """Task or mixture `name` as the index rules see it (data/epochs.py), from what the task modules
+    """Task or mixture `name` as the index rules see it (data/indexed/epochs.py), from what the task modules
     registered here."""
     provider = get_task(name)
     if name in _MIXTURES and _MIXTURES[name][0] is provider:

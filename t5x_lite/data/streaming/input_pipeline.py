@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from t5x_lite.data import tfrecord_stream
+from t5x_lite.data.records import tfrecord_stream
 from t5x_lite.data.task_access import DataConfig, get_task
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
@@ -150,7 +150,7 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
         trim_output_features=False,
     )
     dataset = _trim_and_count(dataset, lengths, stats or PipelineStats(list(lengths)))
-    from t5x_lite.data import feature_converters  # seqio's converters: imported with seqio
+    from t5x_lite.data.streaming import feature_converters  # seqio's converters: imported with seqio
 
     converter = feature_converters.feature_converter(
         config.converter, pack=config.pack, vocabulary=provider.output_features["targets"].vocabulary)
