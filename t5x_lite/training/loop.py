@@ -21,12 +21,11 @@ from t5x_lite.checkpoints import checkpoint as checkpoint_lib
 from t5x_lite.checkpoints import init_from as init_from_lib
 from t5x_lite.checkpoints.retention import RetentionPolicy
 from t5x_lite.data import iterators, task_access, task_modules
-from t5x_lite.errors import ConfigValueError, RunConfigError
+from t5x_lite.errors import ConfigValueError
 from t5x_lite.evaluation import eval_loop
-from t5x_lite.inference import sample
 from t5x_lite.metrics import tracking
 from t5x_lite.metrics.writer import DEFAULT_WRITERS, MetricsWriter
-from t5x_lite.models import BaseModel, stack
+from t5x_lite.models import BaseModel
 from t5x_lite.parallel import distributed, partitioning
 from t5x_lite.parallel.placement import Placement, device_memory_bytes
 from t5x_lite.training import builtin_hooks, profiling, reporting, run_spec, run_values, startup
@@ -149,17 +148,8 @@ def train(
     # samples and multiple choice all live there.
     placement = Placement(mesh=partitioning.make_mesh(axes=spec.mesh_axes), rules=spec.logical_axis_rules)
     run_spec.check_layout(spec, batch_shards=placement.batch_shards, num_processes=jax.process_count())
-    stack.check_backend_supports(model.remat_policy)
-    vocab_size = task_access.vocabulary_size(spec.train_data)
-    run_spec.check_vocabulary(model, vocab_size)
-    metadata = run_spec.checkpoint_metadata(spec, vocab_size=vocab_size)
-    if multiple_choice and (not model.continues_text or eval_data is None):
-        raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
-                             "a decoder-only model and train.eval_data.")
-    if sample_prompt and model.continues_text:  # each leaves room for a new token: the model's one rule
-        vocabulary = task_access.get_task(spec.train_data.mixture_or_task_name).output_features["targets"].vocabulary
-        prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt)
-        model.check_prompts(sample.encode_prompts(vocabulary, prompts), what="train.sample_prompt", max_new_tokens=1)
+    # The model against the backend, the task's vocabulary, and what evaluations ask of it.
+    metadata = run_spec.check_model_and_data(spec, multiple_choice=bool(multiple_choice), sample_prompt=sample_prompt)
 
     # Decide what to start from before anything is written to the model directory.
     latest = startup.check_model_dir(model_dir, metadata=metadata, init_from=init_from)

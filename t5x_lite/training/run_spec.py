@@ -13,9 +13,11 @@ from typing import Any, Sequence
 
 import jax
 
+from t5x_lite.data import task_access
 from t5x_lite.data.task_access import DataConfig
 from t5x_lite.errors import RunConfigError
-from t5x_lite.models import BaseModel
+from t5x_lite.inference import sample
+from t5x_lite.models import BaseModel, stack
 from t5x_lite.parallel import partitioning, placement
 from t5x_lite.training.optim import AdamW, Optimizer
 from t5x_lite.training.trainer import LossConfig
@@ -106,6 +108,24 @@ def check_vocabulary(model: BaseModel, vocab_size: int) -> None:
             f"The task's vocabulary has {vocab_size} entries but {name}.vocab_size="
             f"{model.vocab_size}; set --gin.{name}.vocab_size={vocab_size} (or up to "
             f"{largest}: padded to a multiple of 128, or by up to 1%).")
+
+
+def check_model_and_data(spec: RunSpec, *, multiple_choice: bool, sample_prompt: str | Sequence[str] | None) -> dict:
+    """Checks the model against the backend (its remat policy), the task's vocabulary, and what the
+    evaluations during training ask of it (multiple choice and samples need a causal LM; each sample
+    prompt leaves room for a new token: the model's one prompt-length rule); returns the
+    checkpoint metadata, all before anything is written."""
+    model = spec.model
+    stack.check_backend_supports(model.remat_policy)
+    vocabulary = task_access.get_task(spec.train_data.mixture_or_task_name).output_features["targets"].vocabulary
+    check_vocabulary(model, vocabulary.vocab_size)
+    if multiple_choice and (not model.continues_text or spec.eval_data is None):
+        raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
+                             "a decoder-only model and train.eval_data.")
+    if sample_prompt and model.continues_text:
+        prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt)
+        model.check_prompts(sample.encode_prompts(vocabulary, prompts), what="train.sample_prompt", max_new_tokens=1)
+    return checkpoint_metadata(spec, vocab_size=vocabulary.vocab_size)
 
 
 def checkpoint_metadata(spec: RunSpec, *, vocab_size: int) -> dict:
