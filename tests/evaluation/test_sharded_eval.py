@@ -39,8 +39,7 @@ def _encode(vocabulary, text: str) -> list[int]:
 
 def _train_t5(cfg: T5Config, pairs: list[tuple[list[int], list[int]]], steps: int) -> dict:
     """Teacher-forced cross-entropy with Adam until the model reproduces every target."""
-    inputs = predict._pad([p for p, _ in pairs])
-    targets = predict._pad([t for _, t in pairs])
+    inputs, targets = cfg.score_call(pairs, bos_id=None).rows  # padded as the model scores them
     decoder_inputs = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]
     module = cfg.make_module()
     params = module.init(jax.random.PRNGKey(0), encoder_input_tokens=inputs, decoder_input_tokens=decoder_inputs)
