@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 512
@@ -107,6 +109,19 @@ def run_processes(command: list[str], logs: Path, *, count: int = 2, devices: in
                 p.kill()
                 p.wait()
     return [(p.returncode, out.read_text(), err.read_text()) for p, (out, err) in zip(procs, files)]
+
+
+@contextlib.contextmanager
+def importable_module(folder: Path, name: str, source: str) -> Iterator[Path]:
+    """`folder`/`name`.py holding `source`, importable (as from a user's PYTHONPATH) while inside:
+    a user's own module that a gin file's `import` line loads."""
+    (folder / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(folder))
+    try:
+        yield folder
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop(name, None)
 
 
 def train(data_dir: Path, model_dir: Path, *extra: str, devices: int = 1,

@@ -179,6 +179,11 @@ def get_task(name: str):
         ) from None
 
 
+def targets_vocabulary(config: DataConfig) -> Any:
+    """The seqio vocabulary of the task's `targets` (what the model reads and writes)."""
+    return get_task(config.mixture_or_task_name).output_features["targets"].vocabulary
+
+
 def vocabulary_size(config: DataConfig) -> int:
     """Size of the task's `targets` vocabulary."""
-    return get_task(config.mixture_or_task_name).output_features["targets"].vocabulary.vocab_size
+    return targets_vocabulary(config).vocab_size

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from t5x_lite.errors import ConfigValueError
-from t5x_lite.inference import decoding
+from t5x_lite.inference import decoding, scoring
 from t5x_lite.models import BaseModel
 from t5x_lite.models.generation import PAD_ID, STOPPED, sampling_settings, until_eos
 from t5x_lite.parallel import placement as placement_lib
@@ -108,8 +108,14 @@ def predict(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[int]], 
 
 def score(*, model: BaseModel, params: Any, pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
           batch_size: int, placement: Placement | None = None, bos_id: int = PAD_ID) -> list[float]:
-    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs, on every process
-    (a causal LM reads `bos_id`, then the inputs, then the targets)."""
+    """Summed log-likelihood of each (inputs, targets) pair's targets given its inputs, on every process.
+
+    A causal LM reads `bos_id`, then the inputs, then the targets, through scoring.py (its rows
+    checked first, batched by length); any other family through its `score_call`."""
+    if model.continues_text:
+        results = scoring.continuation_logprobs(model=model, params=params, requests=pairs, batch_size=batch_size,
+                                                placement=placement, bos_id=bos_id)
+        return [logprob for logprob, _, _ in results]
     placement = placement or placement_lib.of_params(params)
     sums = RowResults(placement, total=len(pairs), width=1, dtype=np.float32)
     for ids in placement_lib.batch_schedule(len(pairs), batch_size, placement):

@@ -24,6 +24,11 @@ from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
 
 
+def prompt_list(prompts: str | Sequence[str] | None) -> list[str]:
+    """`train.sample_prompt` as a list: one prompt, several, or none."""
+    return [prompts] if isinstance(prompts, str) else list(prompts or ())
+
+
 def encode_prompts(vocabulary: Any, prompts: Sequence[str]) -> list[list[int]]:
     """The prompts' token ids as `sample_texts` feeds them (a trailing space left for the model)."""
     return [list(vocabulary.encode(p.rstrip(" "))) for p in prompts]

@@ -142,7 +142,7 @@ class BaseModel:
     def loss_sums(self, params: Any, batch: dict[str, Any], *, z_loss: float = 0.0, label_smoothing: float = 0.0,
                   deterministic: bool = True, rng: Any = None, module: Any = None) -> dict[str, jax.Array]:
         """Summed loss, z-loss and target weight of one (micro)batch: {'loss_sum', 'z_loss_sum', 'weight_sum'}."""
-        module = module or self.make_module()
+        module = self.make_module() if module is None else module
         rngs = None if deterministic else {"dropout": rng}
         logits = module.apply({"params": params}, **self.model_inputs(batch), deterministic=deterministic, rngs=rngs)
         return losses.weighted_loss_sums(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],

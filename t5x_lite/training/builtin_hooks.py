@@ -229,8 +229,8 @@ def builtin_hooks(*, spec: RunSpec, writer: MetricsWriter, trainer: Trainer, pla
     """A run's built-in hooks in their order, and among them Checkpoints (the loop saves through it
     when the run is asked to stop). The arguments are train's (loop.py) and what it built."""
     model, train_data, eval_data = spec.model, spec.train_data, spec.eval_data
-    vocabulary = task_access.get_task(train_data.mixture_or_task_name).output_features["targets"].vocabulary
-    prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt or ())
+    vocabulary = task_access.targets_vocabulary(train_data)
+    prompts = sample.prompt_list(sample_prompt)
     if prompts and not model.continues_text:
         writer.print("samples skipped: sampling during training supports decoder-only models")
         prompts = []

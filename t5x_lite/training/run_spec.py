@@ -117,14 +117,14 @@ def check_model_and_data(spec: RunSpec, *, multiple_choice: bool, sample_prompt:
     checkpoint metadata, all before anything is written."""
     model = spec.model
     stack.check_backend_supports(model.remat_policy)
-    vocabulary = task_access.get_task(spec.train_data.mixture_or_task_name).output_features["targets"].vocabulary
+    vocabulary = task_access.targets_vocabulary(spec.train_data)
     check_vocabulary(model, vocabulary.vocab_size)
     if multiple_choice and (not model.continues_text or spec.eval_data is None):
         raise RunConfigError("train.multiple_choice scores decoder-only models at each evaluation: it needs "
                              "a decoder-only model and train.eval_data.")
     if sample_prompt and model.continues_text:
-        prompts = [sample_prompt] if isinstance(sample_prompt, str) else list(sample_prompt)
-        model.check_prompts(sample.encode_prompts(vocabulary, prompts), what="train.sample_prompt", max_new_tokens=1)
+        model.check_prompts(sample.encode_prompts(vocabulary, sample.prompt_list(sample_prompt)),
+                            what="train.sample_prompt", max_new_tokens=1)
     return checkpoint_metadata(spec, vocab_size=vocabulary.vocab_size)
 
 

@@ -91,7 +91,10 @@ class TrainData:
     num_shards: int
     host_batch: int
     streamed_because: str  # why the data is read by streaming; '' when it is read by index
-    by_index: bool
+
+    @property
+    def by_index(self) -> bool:
+        return not self.streamed_because
 
 
 def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -> TrainData:
@@ -103,7 +106,7 @@ def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -
     if spec.eval_data is not None:
         iterators.check_split(spec.eval_data, shard_index=shard, num_shards=num_shards)
     return TrainData(iterator=batches.iterator, steps_per_epoch=batches.steps_per_epoch, num_shards=num_shards,
-                     host_batch=host_batch, streamed_because=batches.streamed_because, by_index=batches.by_index)
+                     host_batch=host_batch, streamed_because=batches.streamed_because)
 
 
 def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData, *,

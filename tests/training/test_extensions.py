@@ -5,7 +5,6 @@ through the real `t5x-lite train`."""
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 
 import pytest
@@ -88,12 +87,8 @@ USER_MODULE = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def user_module(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("user_code")
-    (folder / "my_extensions.py").write_text(USER_MODULE)
-    sys.path.insert(0, str(folder))  # the gin file's `import` finds it as a user's PYTHONPATH would
-    yield folder
-    sys.path.remove(str(folder))
-    sys.modules.pop("my_extensions", None)
+    with cli_helpers.importable_module(tmp_path_factory.mktemp("user_code"), "my_extensions", USER_MODULE) as folder:
+        yield folder
 
 
 def _train(data_dir, model_dir, folder, *bindings: str):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import textwrap
 
 import pytest
@@ -60,12 +59,8 @@ HOOKS_MODULE = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def hooks_module(tmp_path_factory):
     """The folder of the module `user_step_hooks`, importable as from the user's PYTHONPATH."""
-    folder = tmp_path_factory.mktemp("user_code")
-    (folder / "user_step_hooks.py").write_text(HOOKS_MODULE)
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
-    sys.modules.pop("user_step_hooks", None)
+    with cli_helpers.importable_module(tmp_path_factory.mktemp("user_code"), "user_step_hooks", HOOKS_MODULE) as folder:
+        yield folder
 
 
 def train_with(data_dir, model_dir, folder, *lines: str, steps: int):
