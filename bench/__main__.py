@@ -11,6 +11,7 @@ from bench import (
     common,
     compile_time,
     decoding,
+    e2e,
     evaluation,
     gpu_decoders,
     input_pipeline,
@@ -30,7 +31,7 @@ BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_m
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
               "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models,
-              "step_profile": step_profile, "step_ab": step_ab, "matmul_shapes": matmul_shapes}
+              "step_profile": step_profile, "step_ab": step_ab, "matmul_shapes": matmul_shapes, "e2e": e2e}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "matmul_shapes",
                   "loop_overhead", "input_pipeline", "checkpoint", "decoding", "evaluation")
 NEEDS_TORCH = ("torch_reference", "matmul_shapes")

@@ -5,7 +5,9 @@
    for the whole command (vocabulary training included) and for tokenizing + writing alone.
 2. Pipelines: the streaming `BatchIterator` (seqio task, packing) and the index path's
    `IndexedBatchIterator` over that data (packed rows of --seq_len, --batch_size rows), each
-   timed over --batches batches after the first; tokens/s counts every row position. The train
+   timed over --batches batches after the first; tokens/s counts every row position. The index
+   path is timed twice: with its own Example parser (data/records/example_codec.py, no
+   TensorFlow) and with `tf.io.parse_example` in its place (`tf_parse_targets`). The train
    step's consumption is `Trainer.train_step` of the quickstart's tiny decoder and of the
    throughput benchmark's d512 decoder at the same batch shape (the fastest and a typical
    consumer); the ratio is pipeline tokens/s over step tokens/s.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from unittest import mock
 
 import numpy as np
 
@@ -71,6 +74,18 @@ def indexed_iterator_for(task: str, s: dict):
                                     reader="index")
     plan, _ = index_plan.plan(config)
     return indexed_input.IndexedBatchIterator(plan, num_epochs=None, host_batch_size=s["batch_size"])
+
+
+def tf_parse_targets(records: list[bytes]) -> list[np.ndarray]:
+    """`record_index.parse_targets` as TensorFlow does it: one `tf.io.parse_example` call for all."""
+    from t5x_lite.tf_setup import import_tensorflow
+
+    if not records:
+        return []
+    tf = import_tensorflow()
+    parsed = tf.io.parse_example(records, {"targets": tf.io.RaggedFeature(tf.int64)})["targets"]
+    values, splits = parsed.flat_values.numpy(), parsed.row_splits.numpy()
+    return [values[splits[i]:splits[i + 1]] for i in range(len(records))]
 
 
 def pipeline_tokens_per_second(task: str, s: dict, make=iterator_for) -> tuple[float, float]:
@@ -180,6 +195,7 @@ def index_restore_times(data_dir: str, tmp: str, s: dict) -> tuple[list[tuple[in
 
 def run(args, command: str) -> dict:
     from t5x_lite.data import task_access, task_factories
+    from t5x_lite.data.records import record_index
     from t5x_lite.data.streaming import input_pipeline
 
     s = common.resolve(args, DEFAULTS, QUICK)
@@ -202,16 +218,18 @@ def run(args, command: str) -> dict:
         common.progress("timing the input pipelines")
         pipeline_tps, real_fraction = pipeline_tokens_per_second(task, s)
         index_tps, index_real = pipeline_tokens_per_second(task, s, make=indexed_iterator_for)
+        with mock.patch.object(record_index, "parse_targets", tf_parse_targets):
+            index_tf_tps, _ = pipeline_tokens_per_second(task, s, make=indexed_iterator_for)
         rows = []
         for name, model_config in models(-(-vocab_size // 128) * 128, s["seq_len"], args.quick).items():
             common.progress(f"timing train steps of the {name}")
             step_tps = step_tokens_per_second(model_config, s)
             rows.append([name, f"{step_tps:,.0f}", f"{pipeline_tps:,.0f}", f"{pipeline_tps / step_tps:.1f}x",
-                         f"{index_tps:,.0f}", f"{index_tps / step_tps:.1f}x"])
+                         f"{index_tps:,.0f}", f"{index_tps / step_tps:.1f}x", f"{index_tf_tps:,.0f}"])
         print(f"\npipelines vs. train step ({s['batch_size']} x {s['seq_len']} packed rows; positions holding "
               f"tokens: streaming {100 * real_fraction:.1f}%, index {100 * index_real:.1f}%):\n")
         print(common.table(["consumer", "step tokens/s", "streaming tokens/s", "streaming / step",
-                            "index tokens/s", "index / step"], rows))
+                            "index tokens/s", "index / step", "index, tf.io.parse_example tokens/s"], rows))
 
         common.progress("timing an epoch: counting pass and reading")
         cfg = task_access.DataConfig(task, sequence_length=s["seq_len"], batch_size=s["batch_size"], seed=0)
@@ -235,4 +253,5 @@ def run(args, command: str) -> dict:
               f"{epoch_batches:,} batches per epoch): state size and restore time (set_state + first batch):\n")
         print(common.table(["position (batches)", "state bytes (JSON)", "restore s"],
                            [[p, b, f"{t:.4f}"] for p, t, b in index_restores]))
-    return {"pipeline_tokens_per_second": pipeline_tps, "index_tokens_per_second": index_tps}
+    return {"pipeline_tokens_per_second": pipeline_tps, "index_tokens_per_second": index_tps,
+            "index_tf_parser_tokens_per_second": index_tf_tps}

@@ -14,6 +14,11 @@ t5x_lite's own formula for the equivalent t5x_lite config (`throughput.model_con
 (over the measured JAX float32 matmul peak, or --peak_flops) compares with `throughput`'s. The
 run stops if the PyTorch model's matmul parameters (all but the lookup tables) differ from that
 config's. Needs PyTorch (`make install-torch`).
+
+`python -m bench.torch_reference REQUEST` is gpu_decoders' PyTorch column: the peer of one
+t5x_lite decoder (`peer_style`: the gpt2 style here with tied embeddings, or transformers'
+LlamaForCausalLM) trained with torch.compile, bfloat16 autocast and fused AdamW on CUDA
+(`peer_measure`), one JSON line out.
 """
 
 from __future__ import annotations
@@ -57,10 +62,13 @@ def import_torch():
 # ---------------------------------------------------------------------------- the model
 
 
-def build_model(style: str, s: dict):
+def build_model(style: str, s: dict, *, tie_embeddings: bool = False):
     """The PyTorch decoder of `style` at the sizes in `s`: a torch.nn.Module mapping tokens
     [batch, length] to logits [batch, length, vocab]. Its `lookup_tables` are the embedding
-    tables (read by index, not multiplied); every other parameter counts as a matmul one."""
+    tables (read by index, not multiplied); every other parameter counts as a matmul one.
+    `tie_embeddings`: the output projection is the token embedding (nanoGPT's, and t5x_lite's
+    gpt2), which then counts as a matmul parameter, once. The learned position table (gpt2)
+    has s['max_len'] rows when given, else s['seq_len']."""
     torch = import_torch()
     from torch import nn
     from torch.nn import functional as F
@@ -135,11 +143,13 @@ def build_model(style: str, s: dict):
         def __init__(self):
             super().__init__()
             self.token_embedding = nn.Embedding(vocab, d)
-            self.position_embedding = None if llama else nn.Embedding(length, d)
+            self.position_embedding = None if llama else nn.Embedding(s.get("max_len") or length, d)
             self.blocks = nn.ModuleList(Block() for _ in range(s["num_layers"]))
             self.final_norm = norm()
-            self.output = nn.Linear(d, vocab, bias=False)  # untied from token_embedding
+            self.output = nn.Linear(d, vocab, bias=False)
             self.apply(self._init)
+            if tie_embeddings:
+                self.output.weight = self.token_embedding.weight
 
         @staticmethod
         def _init(module):
@@ -150,7 +160,8 @@ def build_model(style: str, s: dict):
 
         @property
         def lookup_tables(self):
-            return [m.weight for m in (self.token_embedding, self.position_embedding) if m is not None]
+            tables = [self.position_embedding] + ([] if tie_embeddings else [self.token_embedding])
+            return [m.weight for m in tables if m is not None]
 
         def forward(self, tokens):
             x = self.token_embedding(tokens)
@@ -182,6 +193,28 @@ def library_matmul_params(cfg) -> int:
 # ---------------------------------------------------------------------------- measurement
 
 
+def timed_training(step, s: dict, sync=None) -> dict:
+    """`step()` (one training step, returning its loss) timed as common.timed_steps times t5x_lite's:
+    s['warmup_steps'] untimed steps (the first timed alone: compilation, with torch.compile), then
+    s['windows'] windows of s['steps'] steps, `sync()` (the device's, when asynchronous) ending each.
+    Returns the first step's seconds and loss, the seconds per step of each window and the last loss."""
+    sync = sync or (lambda: None)
+    start, first_s, first_loss = time.perf_counter(), None, None
+    for _ in range(s["warmup_steps"]):
+        loss = step()
+        sync()
+        if first_s is None:
+            first_s, first_loss = time.perf_counter() - start, float(loss)
+    per_step = []
+    for _ in range(s["windows"]):
+        start = time.perf_counter()
+        for _ in range(s["steps"]):
+            loss = step()
+        sync()
+        per_step.append((time.perf_counter() - start) / s["steps"])
+    return {"first_step_s": first_s, "first_loss": first_loss, "per_step": per_step, "loss": float(loss)}
+
+
 def measure(style: str, s: dict) -> dict:
     """Trains the PyTorch model on one fixed random batch, timed as common.timed_steps times t5x_lite."""
     torch = import_torch()
@@ -210,18 +243,8 @@ def measure(style: str, s: dict) -> dict:
         return loss.detach()
 
     model.train()
-    start, first_s, first_loss = time.perf_counter(), None, None
-    for _ in range(s["warmup_steps"]):
-        loss = step()
-        if first_s is None:
-            first_s, first_loss = time.perf_counter() - start, float(loss)
-    per_step = []
-    for _ in range(s["windows"]):
-        start = time.perf_counter()
-        for _ in range(s["steps"]):
-            loss = step()
-        last_loss = float(loss)  # eager on CPU: every op has finished already
-        per_step.append((time.perf_counter() - start) / s["steps"])
+    timing = timed_training(step, s)
+    first_s, first_loss, per_step, last_loss = (timing[k] for k in ("first_step_s", "first_loss", "per_step", "loss"))
 
     tokens_per_step = s["batch_size"] * s["seq_len"]
     step_s = statistics.median(per_step)
@@ -293,3 +316,120 @@ def run(args, command: str) -> None:
           f"MFU is {100 * r['flops_token'] * r['tokens_per_s'] / torch_peak:.1f}%. Rows are plain causal sequences "
           "(throughput packs --packed_segments per row unless given --packed_segments=0).")
     print(common.settings_line(s))
+
+
+# ---------------------------------------------------------------------------- gpu_decoders' PyTorch column
+#
+# `python -m bench.torch_reference REQUEST` (REQUEST: JSON {"model": a t5x_lite DecoderConfig's fields,
+# "settings": ...}) trains the PyTorch peer of that config and prints one JSON line. gpu_decoders starts it
+# once per model, in a process of its own: PyTorch's CUDA libraries never meet JAX's, and its memory is
+# returned when it ends.
+
+PEERS = {"gpt2": "nanoGPT-style GPT-2 (this module's gpt2 style, tied embeddings)",
+         "llama": "transformers LlamaForCausalLM (sdpa attention)"}
+
+
+def peer_style(cfg: dict) -> str | None:
+    """The PyTorch peer of a t5x_lite DecoderConfig (its fields): 'gpt2' for GPT-2 style (learned
+    positions, LayerNorm, GELU MLP of 4 x emb_dim, biases, tied embeddings, multi-head attention),
+    'llama' for LLaMA style (RoPE, RMSNorm, SwiGLU, no biases, untied); None for anything else
+    (a sliding window, q/k/v biases, scaled embeddings, ...), which has no peer here."""
+    if cfg.get("sliding_window") or cfg.get("qkv_bias") or cfg.get("scale_embeddings"):
+        return None
+    shape = (cfg["position_embedding"], cfg["norm"], tuple(cfg["mlp_activations"]), cfg["use_bias"],
+             cfg["tie_embeddings"])
+    if (shape == ("learned", "layernorm", ("gelu",), True, True) and cfg["num_kv_heads"] == cfg["num_heads"]
+            and cfg["mlp_dim"] == 4 * cfg["emb_dim"]):
+        return "gpt2"
+    if shape == ("rope", "rmsnorm", ("silu", "linear"), False, False):
+        return "llama"
+    return None
+
+
+def llama_model(cfg: dict):
+    """transformers' LlamaForCausalLM with the config's sizes, sdpa attention, and its embedding as
+    `lookup_tables` (as build_model's models)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=cfg["vocab_size"], hidden_size=cfg["emb_dim"], intermediate_size=cfg["mlp_dim"],
+                         num_hidden_layers=cfg["num_layers"], num_attention_heads=cfg["num_heads"],
+                         num_key_value_heads=cfg["num_kv_heads"], head_dim=cfg["head_dim"],
+                         max_position_embeddings=cfg["max_len"], rms_norm_eps=cfg.get("norm_epsilon") or 1e-6,
+                         rope_parameters={"rope_type": "default", "rope_theta": cfg["rope_max_wavelength"]},
+                         tie_word_embeddings=False, attention_bias=False, mlp_bias=False, use_cache=False,
+                         attn_implementation="sdpa")
+    model = LlamaForCausalLM(config)
+    model.lookup_tables = [model.model.embed_tokens.weight]
+    return model
+
+
+def peer_measure(cfg: dict, s: dict) -> dict:
+    """Trains the PyTorch peer of the t5x_lite DecoderConfig `cfg` (its fields) on one fixed random
+    batch of s['batch_size'] x s['seq_len'] plain causal rows on s['device'] ('cuda' or 'cpu'):
+    float32 parameters, bfloat16 autocast, AdamW (fused on CUDA), torch.compile when s['compile'];
+    timed by `timed_training`. Stops (SystemExit) when its matmul parameters are not the config's."""
+    torch = import_torch()
+    from torch.nn import functional as F
+
+    from t5x_lite.models import DecoderConfig
+
+    style, device = peer_style(cfg), s["device"]
+    if style is None:
+        raise SystemExit("no PyTorch peer for this model's options (peer_style)")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"PyTorch {torch.__version__} sees no CUDA device")
+    torch.manual_seed(s["seed"])
+    if style == "gpt2":
+        sizes = {**{k: cfg[k] for k in ("emb_dim", "num_heads", "head_dim", "vocab_size", "num_layers", "max_len")},
+                 "seq_len": s["seq_len"]}
+        model = build_model("gpt2", sizes, tie_embeddings=True)
+    else:
+        model = llama_model(cfg)
+    params, matmul_params = torch_param_counts(model)
+    library = library_matmul_params(DecoderConfig(**cfg))
+    if matmul_params != library:
+        raise SystemExit(f"the PyTorch {style} model has {matmul_params:,} matmul parameters, t5x_lite's {library:,}")
+    model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=s["learning_rate"], weight_decay=s["weight_decay"],
+                                  fused=device == "cuda")
+    forward = torch.compile(model) if s["compile"] else model
+    generator = torch.Generator().manual_seed(s["seed"])
+    tokens = torch.randint(1, cfg["vocab_size"], (s["batch_size"], s["seq_len"] + 1), generator=generator).to(device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            logits = forward(inputs)
+        logits = getattr(logits, "logits", logits)  # transformers returns an output object
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg["vocab_size"]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    timing = timed_training(step, s, sync=torch.cuda.synchronize if device == "cuda" else None)
+    step_s = statistics.median(timing["per_step"])
+    return {"style": style, "peer": PEERS[style], "params": params, "matmul_params": matmul_params,
+            "first_step_s": timing["first_step_s"], "step_s": step_s,
+            "tokens_per_s": s["batch_size"] * s["seq_len"] / step_s, "first_loss": timing["first_loss"],
+            "loss": timing["loss"], "torch": torch.__version__, "compiled": bool(s["compile"]),
+            "fused_adamw": device == "cuda",
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
+
+
+def peer_main(argv: list[str]) -> None:
+    """The child process: one JSON line, the result or {'error': ..., 'oom': ...}."""
+    import json
+
+    request = json.loads(argv[0])
+    try:
+        result = peer_measure(request["model"], request["settings"])
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - reported to the parent, which prints it
+        result = {"error": str(e) if isinstance(e, SystemExit) else common.short_error(e), "oom": common.is_oom(e)}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    peer_main(sys.argv[1:])

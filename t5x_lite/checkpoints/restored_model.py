@@ -17,10 +17,12 @@ from typing import Any
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
+from t5x_lite.data.vocab import hf_vocabulary
+from t5x_lite.data.vocab.base import Vocabulary
+from t5x_lite.data.vocab.sentencepiece_vocabulary import SentencePieceVocabulary
 from t5x_lite.errors import TaskDataError
 from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
-from t5x_lite.tf_setup import import_tensorflow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,21 +39,16 @@ class RestoredModel:
     def vocabulary_file(self) -> str:
         return storage.join(self.model_dir, "vocab", "spm.model")
 
-    def vocabulary(self):
+    def vocabulary(self) -> Vocabulary:
         """The vocabulary text is tokenized with: the Hugging Face tokenizer in MODEL_DIR/hf/ when it is
         the model's (a from-hf conversion, or a run trained on such a tokenizer; its own special ids,
-        docs/interop.md), else the run's SentencePiece model (MODEL_DIR/vocab/spm.model, seqio's ids)."""
-
-        from t5x_lite.data.vocab import hf_vocabulary  # seqio and TensorFlow load in seconds: imported where first needed
-
+        docs/interop.md), else the run's SentencePiece model (MODEL_DIR/vocab/spm.model, seqio's ids).
+        Neither needs TensorFlow or seqio (`seqio_vocabularies.as_seqio` makes a seqio one of it)."""
         vocabulary = hf_vocabulary.model_dir_vocabulary(self.model_dir)
         if vocabulary is not None:
             return vocabulary
         if storage.exists(self.vocabulary_file):
-            import_tensorflow()  # quietly, before seqio loads it
-            import seqio
-
-            return seqio.SentencePieceVocabulary(storage.tensorflow_readable(self.vocabulary_file))
+            return SentencePieceVocabulary(self.vocabulary_file)
         raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a SentencePiece "
                             "vocabulary) and no Hugging Face tokenizer in hf/ (tokenizer.json or tokenizer.model), "
                             "so text cannot be tokenized for it; use a seqio task whose features carry the "

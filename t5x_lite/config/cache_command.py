@@ -12,7 +12,7 @@ import gin
 
 from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing, registry
-from t5x_lite.data import task_modules
+from t5x_lite.data import task_access, task_modules
 from t5x_lite.data.preparation import cache
 
 USAGE = """t5x-lite cache --output_cache_dir=DIR [--tasks=NAME,...] [flags] [Beam flags]
@@ -87,6 +87,8 @@ class Registration:
 
             if not set(self.task_names) <= set(seqio.TaskRegistry.names()):
                 self.register()
+                for name in self.task_names:  # a prepared task enters seqio's registry when asked for
+                    task_access.get_task(name)
 
 
 def _macro_value(name: str):

@@ -1,6 +1,7 @@
 """The front door to a run's batches: the iterator of a DataConfig's split, read by index when the
-task allows (indexed/index_plan.py decides, indexed/indexed_input.py reads) and else streamed
-through seqio (streaming/input_pipeline.py); and a split's pipeline errors as a user sees them.
+task allows (indexed/index_plan.py decides, indexed/indexed_input.py reads; no seqio or
+TensorFlow) and else streamed through seqio (streaming/input_pipeline.py); and a split's pipeline
+errors as a user sees them.
 
 Training builds its iterators here only: `build` (train, or a validation pass) and `check_split`
 (an eval split's pipeline, built before anything is written).
@@ -12,6 +13,7 @@ import contextlib
 import dataclasses
 from typing import Iterator
 
+from t5x_lite.data import task_registry
 from t5x_lite.data.indexed import index_plan
 from t5x_lite.data.indexed.indexed_input import IndexedBatchIterator
 from t5x_lite.data.streaming import input_pipeline
@@ -42,20 +44,23 @@ def build(config: DataConfig, *, num_epochs: int | None, host_batch_size: int, s
     Train (validation=False): by index when the task allows, else streaming; its first batch or
     pipeline is built now, so a bad length or split stops the run here (RunConfigError). Several
     data shards must stop together, so streamed epochs are then always planned (counted up front).
-    validation=True: one streamed pass in order, built when first read (planned with several shards).
+    validation=True: one pass in order, laid out as training reads the split: by index when the task
+    allows (its rows in index order), else streamed, built when first read (planned with several shards).
     """
-    if validation:
-        iterator = BatchIterator(config, num_epochs=num_epochs, host_batch_size=host_batch_size,
-                                 shard_index=shard_index, num_shards=num_shards, plan_epochs=num_shards > 1)
-        return Batches(iterator=iterator, steps_per_epoch=None, streamed_because="a validation pass")
     with pipeline_errors(config):
-        plan, streamed_because = index_plan.plan(config)
+        _check_prepared_split(config)
+        plan, streamed_because = index_plan.plan(dataclasses.replace(config, shuffle=False) if validation else config)
     if plan is not None:
         indexed = IndexedBatchIterator(plan, num_epochs=num_epochs, host_batch_size=host_batch_size,
                                        shard_index=shard_index, num_shards=num_shards)
-        with pipeline_errors(config):
-            indexed.prepare()
+        if not validation:
+            with pipeline_errors(config):
+                indexed.prepare()
         return Batches(iterator=indexed, steps_per_epoch=indexed.steps_per_epoch, streamed_because="")
+    if validation:
+        iterator = BatchIterator(config, num_epochs=num_epochs, host_batch_size=host_batch_size,
+                                 shard_index=shard_index, num_shards=num_shards, plan_epochs=num_shards > 1)
+        return Batches(iterator=iterator, steps_per_epoch=None, streamed_because=streamed_because)
     plan_epochs = plan_epochs or num_shards > 1
     streamed = BatchIterator(config, num_epochs=num_epochs, host_batch_size=host_batch_size,
                              shard_index=shard_index, num_shards=num_shards, plan_epochs=plan_epochs)
@@ -69,7 +74,17 @@ def check_split(config: DataConfig, *, shard_index: int, num_shards: int) -> Non
     """Builds (without reading) the first epoch's pipeline of `config`'s split: a bad length or
     split stops a run before anything is written (RunConfigError)."""
     with pipeline_errors(config):
-        input_pipeline.epoch_rows(config, epoch=0, shard_index=shard_index, num_shards=num_shards)
+        _check_prepared_split(config)
+        plan, _ = index_plan.plan(dataclasses.replace(config, shuffle=False))
+        if plan is None:
+            input_pipeline.epoch_rows(config, epoch=0, shard_index=shard_index, num_shards=num_shards)
+
+
+def _check_prepared_split(config: DataConfig) -> None:
+    """A prepared task (or mixture) without the split fails here, naming the splits it has."""
+    entry = task_registry.lookup(config.mixture_or_task_name)
+    for task in task_registry.task_entries(entry) if entry is not None else []:
+        task_registry.split_entry(task, config.split, what=config.mixture_or_task_name)
 
 
 @contextlib.contextmanager

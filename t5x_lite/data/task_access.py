@@ -1,6 +1,9 @@
-"""SeqIO glue: which task and split a run reads, with which feature converter and lengths.
+"""Which task and split a run reads, with which feature converter and lengths; the task's vocabulary.
 
-The batches themselves come from `t5x_lite.data.streaming.input_pipeline`.
+A task is a prepared task or mixture of data/task_registry.py (read without seqio) or a seqio
+task; `get_task` gives the seqio object of either (importing seqio then, or naming the extra to
+install), `targets_vocabulary` the vocabulary without seqio where it can. The batches come from
+data/iterators.py.
 """
 
 from __future__ import annotations
@@ -8,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from t5x_lite.errors import ConfigValueError, TaskDataError
+from t5x_lite.data import task_registry
+from t5x_lite.errors import ConfigValueError, MissingExtraError, TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
 DEFAULT_SEQUENCE_LENGTH = 256
@@ -164,24 +168,74 @@ FEATURE_CONVERTERS = {
 }
 
 
-def get_task(name: str):
-    """The registered seqio task or mixture `name`, with the list of known names on a miss."""
-    import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
-    import seqio  # seqio and TensorFlow load in seconds: imported where first needed
+SEQIO_EXTRA = "pip install 't5x-lite[seqio]' (or `make install`, which installs every pinned package)"
 
+
+def import_seqio(what: str) -> Any:
+    """The seqio module, TensorFlow loaded first (quiet, off the GPUs); MissingExtraError naming the
+    extra to install when they are not installed. `what` is what needs them."""
+    try:
+        import_tensorflow()
+        import seqio  # seqio and TensorFlow load in seconds: imported where first needed
+    except ImportError as e:
+        raise MissingExtraError(f"{what} needs seqio, t5 and TensorFlow, which are not installed ({e}): "
+                                f"{SEQIO_EXTRA}. Prepared data (`t5x-lite prepare`) read by lm_task needs none "
+                                "of them.") from None
+    return seqio
+
+
+def get_task(name: str) -> Any:
+    """The seqio task or mixture `name` (a prepared one is registered in seqio now), with the list of
+    known names on a miss."""
+    entry = task_registry.lookup(name)
+    seqio = import_seqio(f"The seqio task {name!r}" if entry is None else f"Reading {name!r} through seqio")
+    if entry is not None:
+        return task_registry.seqio_task(entry)
     try:
         return seqio.get_mixture_or_task(name)
     except ValueError:
-        known = sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())
+        known = sorted(set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
+                       | task_registry.registered_names())
         raise TaskDataError(
             f"No seqio task or mixture named {name!r}. Known: {known}. Register it in a module "
             "and name that module with --gin.MIXTURE_OR_TASK_MODULE=\"'my.module'\"."
         ) from None
 
 
+def task_vocabulary(name: str) -> Any:
+    """The `targets` vocabulary of task or mixture `name` (what the model reads and writes): a
+    prepared one's without seqio, a seqio task's from seqio. A name that is neither fails as get_task."""
+    entry = task_registry.lookup(name)
+    if entry is not None:
+        return task_registry.entry_vocabulary(entry)
+    return get_task(name).output_features["targets"].vocabulary
+
+
+def task_features(name: str) -> tuple[str, ...]:
+    """The output features of task `name` ('targets'; 'inputs' too for text-to-text tasks)."""
+    if task_registry.lookup(name) is not None:
+        return ("targets",)
+    return tuple(get_task(name).output_features)
+
+
+def split_documents(name: str, split: str, *, max_tokens: int, limit: int | None = None) -> list[list[int]]:
+    """The `targets` ids of task `name`'s split, one list per document (pieces of at most `max_tokens`
+    ids, EOS included, as the task's preprocessors cut them), in order; the first `limit` (None: all).
+    A prepared LM task is read without seqio."""
+    entry = task_registry.lookup(name)
+    if isinstance(entry, task_registry.PreparedTask):
+        return task_registry.split_documents(entry, split, max_tokens=max_tokens, limit=limit)
+    task = get_task(name)
+    dataset = task.get_dataset(sequence_length={feature: max_tokens for feature in task.output_features},
+                               split=split, shuffle=False, num_epochs=1)
+    if limit is not None:
+        dataset = dataset.take(limit)
+    return [example["targets"].tolist() for example in dataset.as_numpy_iterator()]
+
+
 def targets_vocabulary(config: DataConfig) -> Any:
-    """The seqio vocabulary of the task's `targets` (what the model reads and writes)."""
-    return get_task(config.mixture_or_task_name).output_features["targets"].vocabulary
+    """The vocabulary of the task's `targets` (what the model reads and writes)."""
+    return task_vocabulary(config.mixture_or_task_name)
 
 
 def vocabulary_size(config: DataConfig) -> int:

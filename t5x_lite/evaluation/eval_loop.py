@@ -310,15 +310,11 @@ def _documents(cfg: PerplexityEval) -> tuple[list[list[int]], int]:
     """The split's `targets` token ids, one list per document, in order; and the first token a
     decoder-only model reads before them (its vocabulary's decoder start: data/vocab/tokenizer_files.py)."""
 
-    task = task_access.get_task(cfg.mixture_or_task_name)
-    lengths = {name: cfg.max_document_tokens for name in task.output_features}
-    dataset = task.get_dataset(sequence_length=lengths, split=cfg.split, shuffle=False, num_epochs=1)
-    if cfg.max_documents is not None:
-        dataset = dataset.take(cfg.max_documents)
-    documents = [example["targets"].tolist() for example in dataset.as_numpy_iterator()]
+    documents = task_access.split_documents(cfg.mixture_or_task_name, cfg.split, max_tokens=cfg.max_document_tokens,
+                                            limit=cfg.max_documents)
     if not any(documents):
         raise TaskDataError(f"The {cfg.split} split of {cfg.mixture_or_task_name!r} is empty; nothing to score.")
-    return documents, tokenizer_files.decoder_start_id(task.output_features["targets"].vocabulary)
+    return documents, tokenizer_files.decoder_start_id(task_access.task_vocabulary(cfg.mixture_or_task_name))
 
 
 def score_multiple_choice_set(mc: MultipleChoiceEval, *, model: BaseModel, params: Any,

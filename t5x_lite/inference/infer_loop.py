@@ -84,10 +84,10 @@ def read_jsonl_prompts(path: str, *, prompt_field: str, encode) -> list[Prompt]:
 def task_prompts(mixture_or_task_name: str, split: str) -> tuple[list[Prompt], Any]:
     """A task split's `inputs` as prompts (records carry the inputs and targets text), and its vocabulary."""
 
-    task = task_access.get_task(mixture_or_task_name)
-    if "inputs" not in task.output_features:
+    if "inputs" not in task_access.task_features(mixture_or_task_name):
         raise TaskDataError(f"Task {mixture_or_task_name!r} has no 'inputs' feature to use as prompts; use a "
                             "text-to-text task, or a jsonl file of prompts (infer.prompts_file).")
+    task = task_access.get_task(mixture_or_task_name)
     vocabulary = task.output_features["targets"].vocabulary
     dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
     prompts = []

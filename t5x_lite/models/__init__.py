@@ -20,6 +20,8 @@ Owns:
   projection.py          every dense layer's dot, with a written-out backward pass
   stack.py               layer stacking (`scan_with_axes` or a loop) and remat policies by name
   losses.py              cross entropy with z-loss and label smoothing, as sums plus token counts
+  activation_memory.py   bytes a layer stack saves for the backward pass by remat policy and attention,
+                         and the logits' (pure arithmetic: the estimate and the layer-layout choice)
 
 Each family is a config dataclass on `base.BaseModel`; the rest of the package calls only that
 interface and never asks which family a model is. A new family is one module here (its config

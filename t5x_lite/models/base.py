@@ -35,6 +35,10 @@ FAMILIES: dict[str, type["BaseModel"]] = {}
 # Compute dtypes a model runs in; parameters and optimizer state are float32 whatever this says.
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
+# `scan_unroll='auto'`: the train loop chooses the layer layout once, at start-up
+# (parallel/layer_layout.py), and trains with the number it chose.
+AUTO_UNROLL = "auto"
+
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """A ConfigValueError naming the field, the bad value and the valid ones."""
@@ -198,7 +202,10 @@ class BaseModel:
         # JSON (checkpoint metadata) turns tuples into lists; keep the config hashable.
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         stack.remat_policy(self.remat_policy)  # fails early on an unknown name
-        if self.scan_unroll != 1 and not self.scan_layers:
+        if self.scan_unroll != AUTO_UNROLL and not (_is_int(self.scan_unroll) and self.scan_unroll >= 1):
+            raise ConfigValueError(f"{type(self).__name__}.scan_unroll={self.scan_unroll!r} must be a positive "
+                                   f"integer or {AUTO_UNROLL!r}.")
+        if self.scan_unroll not in (1, AUTO_UNROLL) and not self.scan_layers:
             raise ConfigValueError(
                 f"{type(self).__name__}.scan_unroll={self.scan_unroll} applies to scanned layers only; "
                 "set scan_layers=True, or leave scan_unroll at 1 with unrolled layers.")
@@ -229,6 +236,14 @@ class BaseModel:
     def check_batch(self, batch: Any) -> None:
         """Refuses a host batch (a mapping of numpy arrays) this model cannot run as configured;
         the train loop calls it before each step. Nothing to refuse unless a family says so."""
+
+    @property
+    def layers_per_iteration(self) -> int:
+        """Scanned layers one iteration of the compiled loop runs: `scan_unroll`, or 1 (the loop) while
+        it is 'auto'. The train loop replaces 'auto' with its choice before it builds the step; a model
+        built elsewhere from a config that still says 'auto' (the estimate's compile, a config given to
+        eval or infer) compiles the loop."""
+        return 1 if self.scan_unroll == AUTO_UNROLL else self.scan_unroll
 
     @property
     def compute_dtype(self) -> Any:

@@ -50,7 +50,9 @@ class DecoderConfig(BaseModel):
       scan_layers: stack blocks with scan_with_axes (fast compile) or unroll them.
       scan_unroll: scanned layers only: layers per iteration of the compiled loop; num_layers
         or more compiles straight-line code over the stacked parameters (faster for shallow
-        models, compile time grows with depth; the checkpoint layout is the same).
+        models, compile time grows with depth; the checkpoint layout is the same). 'auto': the
+        train loop chooses at start-up: no loop on a GPU where the step without it fits the
+        device and no mesh axis shards the parameters, else the loop (parallel/layer_layout.py).
       remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
       rope_max_wavelength: RoPE base (position_embedding='rope' only).
       position_embedding: 'rope' (rotary, LLaMA) or 'learned' (a table of max_len rows, GPT-2).
@@ -91,7 +93,7 @@ class DecoderConfig(BaseModel):
     dropout_rate: float = 0.0
     dtype: str = "float32"
     scan_layers: bool = True
-    scan_unroll: int = 1
+    scan_unroll: int | str = 1
     remat_policy: str = "none"
     rope_max_wavelength: float = 10_000.0
     position_embedding: str = "rope"
@@ -312,7 +314,7 @@ class Decoder(nn.Module):
                                  axes=("positions", "embed"), name="position_embed")(positions)
         x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_layers, scan=cfg.scan_layers,
-                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=3)
+                                    unroll=cfg.layers_per_iteration, remat=cfg.remat_policy, num_broadcast=3)
         segment_ids = decoder_segment_ids if packed else None  # packed_attention.py, in place of the mask
         x, _ = blocks(cfg, deterministic, is_causal, decode)(x, mask, positions, segment_ids)
         x = layers.norm_class(cfg.norm, cfg.norm_epsilon)(dtype=dtype, name="final_norm")(x)

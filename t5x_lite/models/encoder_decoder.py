@@ -42,7 +42,9 @@ class T5Config(BaseModel):
       scan_layers: stack blocks with scan_with_axes (fast compile) or unroll them.
       scan_unroll: scanned layers only: layers per iteration of the compiled loop; num_layers
         or more compiles straight-line code over the stacked parameters (faster for shallow
-        models, compile time grows with depth; the checkpoint layout is the same).
+        models, compile time grows with depth; the checkpoint layout is the same). 'auto': the
+        train loop chooses at start-up: no loop on a GPU where the step without it fits the
+        device and no mesh axis shards the parameters, else the loop (parallel/layer_layout.py).
       remat_policy: activation rematerialisation, one of stack.REMAT_POLICIES.
       mlp_activations: ('gelu', 'linear') is T5 v1.1's gated GELU; ('relu',) is original T5's.
       tie_embeddings: logits from the shared embedding (scaled by 1/sqrt(emb_dim), as in T5 1.0)
@@ -62,7 +64,7 @@ class T5Config(BaseModel):
     dropout_rate: float = 0.0
     dtype: str = "float32"
     scan_layers: bool = True
-    scan_unroll: int = 1
+    scan_unroll: int | str = 1
     remat_policy: str = "none"
     mlp_activations: tuple[str, ...] = ("gelu", "linear")
     tie_embeddings: bool = False
@@ -221,7 +223,7 @@ class Encoder(nn.Module):
         bias = _relative_bias(cfg, tokens.shape[-1], bidirectional=True)
         mask = masks.make_bidirectional_mask(segment_ids, segment_ids)
         blocks = stack.stack_layers(EncoderBlock, num_layers=cfg.num_encoder_layers, scan=cfg.scan_layers,
-                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=2)
+                                    unroll=cfg.layers_per_iteration, remat=cfg.remat_policy, num_broadcast=2)
         x, _ = blocks(cfg, deterministic)(x, mask, bias)
         return dropout(_norm(cfg)(dtype=cfg.compute_dtype, name="final_norm")(x))
 
@@ -252,7 +254,7 @@ class Decoder(nn.Module):
         bias = _relative_bias(cfg, length, bidirectional=False)
         cross_mask = masks.make_bidirectional_mask(segment_ids, encoder_segment_ids)
         blocks = stack.stack_layers(DecoderBlock, num_layers=cfg.num_decoder_layers, scan=cfg.scan_layers,
-                                    unroll=cfg.scan_unroll, remat=cfg.remat_policy, num_broadcast=4)
+                                    unroll=cfg.layers_per_iteration, remat=cfg.remat_policy, num_broadcast=4)
         y, _ = blocks(cfg, deterministic, decode)(y, encoded, self_mask, cross_mask, bias)
         y = dropout(_norm(cfg)(dtype=cfg.compute_dtype, name="final_norm")(y))
         if cfg.tie_embeddings:

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from typing import IO
 
-from t5x_lite.errors import UserError
+from t5x_lite.errors import MissingExtraError, UserError
 from t5x_lite.tf_setup import import_tensorflow
 
 S3_PREFIX = "s3://"
@@ -58,7 +58,13 @@ def _s3():
 
 
 def _gfile():
-    return import_tensorflow().io.gfile
+    """TensorFlow's tf.io.gfile, which reads gs:// paths; MissingExtraError when it is not installed."""
+    try:
+        return import_tensorflow().io.gfile
+    except ImportError:
+        raise MissingExtraError("gs:// paths are read through TensorFlow's tf.io.gfile, and TensorFlow is not "
+                                "installed: pip install 't5x-lite[seqio]' (or `make install`), or use a local "
+                                "or s3:// path.") from None
 
 
 def s3_endpoint() -> str:

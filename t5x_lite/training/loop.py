@@ -148,6 +148,10 @@ def train(
     # samples and multiple choice all live there.
     placement = Placement(mesh=partitioning.make_mesh(axes=spec.mesh_axes), rules=spec.logical_axis_rules)
     run_spec.check_layout(spec, batch_shards=placement.batch_shards, num_processes=jax.process_count())
+    # scan_unroll='auto' becomes the layer layout chosen for this backend, mesh and device, once.
+    spec, layers = startup.resolve_layer_layout(spec, placement, platform=jax.devices()[0].platform,
+                                                device_bytes=device_memory_bytes(jax.local_devices()[0]))
+    model = spec.model
     # The model against the backend, the task's vocabulary, and what evaluations ask of it.
     metadata = run_spec.check_model_and_data(spec, multiple_choice=bool(multiple_choice), sample_prompt=sample_prompt)
 
@@ -172,7 +176,7 @@ def train(
             checkpointer.work_dir, total_steps=total_steps, initial_step=latest or 0, enabled=distributed.is_chief(),
             progress_bar=progress_bar, writers=metric_writers, model_dir=model_dir, config_text=config_text,
             stopped_by=(Preempted,)))
-        startup.describe_run(writer, spec, placement.mesh, data, mesh_note=mesh_note)
+        startup.describe_run(writer, spec, placement.mesh, data, mesh_note=mesh_note, layers=layers)
         start = startup.restore_or_initialise(spec=spec, trainer=trainer, checkpointer=checkpointer,
                                               iterator=data.iterator, metadata=metadata, config_text=config_text,
                                               init_from=init_from, seed=seed, writer=writer,

@@ -64,14 +64,20 @@ def with_default_mesh(spec: RunSpec, *, device_bytes: int | None) -> tuple[RunSp
     """
     if spec.mesh_axes is not None:
         return spec, None
-    params, logical_axes = placement.params_abstract(spec.model)
-    optimizer_state = jax.eval_shape(spec.optimizer.build(1, logical_axes=logical_axes).init, params)
-    state_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves((params, optimizer_state)))
+    _, state_bytes = train_state_bytes(spec)
     axes = placement.choose_mesh_axes(param_bytes=state_bytes, device_bytes=device_bytes)
     kind = "data parallel" if axes == placement.DATA_PARALLEL_AXES else "FSDP"
     room = ("the devices share the host's memory" if device_bytes is None else
             f"{state_bytes / 1e9:.2f} GB of params and optimizer state vs {device_bytes / 1e9:.1f} GB per device")
     return dataclasses.replace(spec, mesh_axes=axes), f"{kind}, chosen as no mesh file was given ({room})"
+
+
+def train_state_bytes(spec: RunSpec) -> tuple[int, int]:
+    """(float32 params, params and optimizer state) in bytes, whole: shapes only, nothing allocated."""
+    params, logical_axes = placement.params_abstract(spec.model)
+    optimizer_state = jax.eval_shape(spec.optimizer.build(1, logical_axes=logical_axes).init, params)
+    size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    return size(params), size(params) + size(optimizer_state)
 
 
 def check_layout(spec: RunSpec, *, batch_shards: int, num_processes: int = 1) -> None:

@@ -1,5 +1,6 @@
-"""Everything `train` does before its first step: check the model directory, build the data
-iterator, and restore the latest good checkpoint or initialise (from a seed or `init_from`).
+"""Everything `train` does before its first step: choose the layer layout (`scan_unroll='auto'`),
+check the model directory, build the data iterator, and restore the latest good checkpoint or
+initialise (from a seed or `init_from`).
 
 The order is what keeps a model directory safe: every check that can fail runs before
 anything is written to it, and this run's config replaces the saved one only once the saved
@@ -25,8 +26,9 @@ from t5x_lite.data import iterators, task_access
 from t5x_lite.data.vocab import hf_vocabulary
 from t5x_lite.errors import RunConfigError
 from t5x_lite.metrics.writer import MetricsWriter
-from t5x_lite.parallel import partitioning
-from t5x_lite.training.run_spec import RunSpec
+from t5x_lite.models.base import AUTO_UNROLL
+from t5x_lite.parallel import layer_layout, partitioning
+from t5x_lite.training.run_spec import RunSpec, train_state_bytes
 from t5x_lite.training.trainer import Trainer, TrainState
 
 
@@ -109,9 +111,41 @@ def build_train_data(spec: RunSpec, batch_sharding: Any, *, plan_epochs: bool) -
                      host_batch=host_batch, streamed_because=batches.streamed_because)
 
 
+def resolve_layer_layout(spec: RunSpec, placement: Any, *, platform: str,
+                         device_bytes: int | None) -> tuple[RunSpec, str]:
+    """`spec` with `scan_unroll='auto'` replaced by the number parallel/layer_layout.py chooses for
+    this backend, the placement's mesh and a device of `device_bytes` (None: unknown), and the
+    layout in words for the start-up line. Anything downstream (the step, the checkpoint metadata,
+    samples) sees that number; a config that gives one is kept as it is."""
+    model = spec.model
+    if not model.scan_layers or model.scan_unroll != AUTO_UNROLL:  # 'auto' with unrolled layers: 1, unused
+        words = ("unrolled (scan_layers=False)" if not model.scan_layers else
+                 ("scanned" if model.scan_unroll == 1 else f"scan_unroll={model.scan_unroll}") + " (as configured)")
+        kept = dataclasses.replace(model, scan_unroll=model.layers_per_iteration)
+        return dataclasses.replace(spec, model=kept), words
+    data = spec.train_data
+
+    def unrolled_bytes() -> float:
+        params, state = train_state_bytes(spec)
+        return layer_layout.unrolled_step_bytes(
+            model, rows=data.batch_size // placement.batch_shards // spec.microbatches, length=data.sequence_length,
+            inputs_length=data.inputs_length, state_bytes=state,
+            gradient_bytes=params * (1 if spec.microbatches == 1 else 2), platform=platform)
+
+    try:
+        layers = layer_layout.num_layers(model)
+    except NotImplementedError:  # a family without the activation arithmetic
+        layers = None
+    chosen = layer_layout.choose(platform=platform, mesh_shape=dict(placement.mesh.shape), num_layers=layers,
+                                 device_bytes=device_bytes, unrolled_bytes=unrolled_bytes)
+    resolved = dataclasses.replace(model, scan_unroll=chosen.scan_unroll)
+    return dataclasses.replace(spec, model=resolved), chosen.describe()
+
+
 def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainData, *,
-                 mesh_note: str | None = None) -> None:
-    """The start-up lines: the model and mesh (and why, when it was chosen), and how the data is read."""
+                 mesh_note: str | None = None, layers: str | None = None) -> None:
+    """The start-up lines: the model and mesh (and why, when it was chosen), the layer layout, and how
+    the data is read."""
     model = spec.model
     writer.print(f"model: {model.family}, {model.num_params():,} parameters "
                  f"({model.num_params() - model.num_embedding_params():,} non-embedding), "
@@ -119,6 +153,8 @@ def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainDat
                  f"mesh {dict(mesh.shape)} on {jax.device_count()} {jax.devices()[0].platform} device(s)"
                  + (f" in {jax.process_count()} processes" if jax.process_count() > 1 else "")
                  + (f": {mesh_note}" if mesh_note else ""))
+    if layers:
+        writer.print(f"layers: {layers}")
     epochs = f"{spec.num_epochs or 'unlimited'} epoch(s)"
     if data.by_index:
         writer.print(f"data: {data.iterator.describe()}; {epochs}")
@@ -133,8 +169,7 @@ def describe_run(writer: MetricsWriter, spec: RunSpec, mesh: Any, data: TrainDat
 def write_run_files(work_dir: str, *, config_text: str, train_data: task_access.DataConfig) -> None:
     """config.gin and vocab/ of the run, and hf/ for a Hugging Face tokenizer (in an s3 run's staging
     directory: uploaded with checkpoints)."""
-    task = task_access.get_task(train_data.mixture_or_task_name)
-    vocabulary = task.output_features["targets"].vocabulary
+    vocabulary = task_access.targets_vocabulary(train_data)
     vocabulary_file = getattr(vocabulary, "sentencepiece_model_file", None)
     storage.makedirs(work_dir)
     storage.write_whole(storage.join(work_dir, "config.gin"), config_text)

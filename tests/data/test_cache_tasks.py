@@ -7,7 +7,7 @@ import pickle
 import pytest
 
 from t5x_lite.config import cache_command, parsing
-from t5x_lite.data import task_access, task_factories
+from t5x_lite.data import task_access, task_factories, task_registry
 from t5x_lite.data.indexed import index_plan
 
 TASK = "test_cache_small_lm"
@@ -115,7 +115,7 @@ def test_use_cached_without_a_cache_names_the_cache_command(small_data_dir):
     from t5x_lite.data.tasks import lm
 
     name = task_factories.lm_task(name="test_cache_never_cached", data_dir=str(small_data_dir))
-    task = lm.seqio.get_mixture_or_task(name)
+    task = task_access.get_task(name)
     with pytest.raises(lm.TaskDataError, match=r"t5x-lite cache --tasks=test_cache_never_cached"):
         task.get_dataset(LENGTHS, split="validation", use_cached=True, shuffle=False)
 
@@ -145,13 +145,12 @@ def test_workers_repeat_the_registration(small_data_dir, tmp_path):
     """Beam workers in other processes get the recipe pickled and register the task themselves."""
     import gin
     import seqio
-    from t5x_lite.data.tasks import lm
 
     name = "test_cache_worker_lm"
     parsing.parse(gin_files=[str(_task_gin(tmp_path / "task.gin", small_data_dir, name))])
     recipe = cache_command.Registration(task_names=(name,), gin_config=gin.config_str())
     assert recipe.register() == [name]
     seqio.TaskRegistry.remove(name)
-    lm._registered.cache_clear()  # as in a fresh worker process
+    task_registry._REGISTRY.pop(name)  # as in a fresh worker process
     pickle.loads(pickle.dumps(recipe))()
     assert name in seqio.TaskRegistry.names()

@@ -1,4 +1,4 @@
-"""Hugging Face tokenizers as seqio vocabularies, `prepare --tokenizer`, and a real token 0.
+"""Hugging Face tokenizers as vocabularies (and seqio's), `prepare --tokenizer`, and a real token 0.
 
 Four tokenizer families are built here (nothing downloaded): GPT-2's byte-level BPE, Qwen2's
 (NFC, a split regex, byte-level BPE) and Gemma's (spaces as "▁", byte-fallback BPE) as
@@ -27,7 +27,7 @@ from t5x_lite.data import task_access, task_factories  # noqa
 from t5x_lite.data.preparation import prepare  # noqa: E402
 from t5x_lite.data.preparation.corpus import PrepareError  # noqa: E402
 from t5x_lite.data.streaming import input_pipeline  # noqa: E402
-from t5x_lite.data.vocab import hf_vocabulary, tokenizer_files  # noqa: E402
+from t5x_lite.data.vocab import hf_vocabulary, seqio_vocabularies, tokenizer_files  # noqa: E402
 from t5x_lite.data.vocab.tokenizer_files import SpecialIds, TokenizerError, TokenizerSource  # noqa: E402
 from t5x_lite.errors import TaskDataError  # noqa: E402
 from t5x_lite.tf_setup import import_tensorflow  # noqa: E402
@@ -146,13 +146,31 @@ def test_ids_are_the_tokenizers_own_and_round_trip_in_python_and_tensorflow(kind
     assert vocabulary.decode(ids) == TEXT
     assert vocabulary.decode([*ids, vocabulary.eos_id, 7, 8]) == TEXT  # up to the first EOS
 
-    assert vocabulary.encode_tf(tf.constant(TEXT)).numpy().tolist() == ids
-    assert vocabulary.decode_tf(tf.constant([*ids, vocabulary.eos_id, 7, 8])).numpy().decode() == TEXT
-    assert [t.decode() for t in vocabulary.decode_tf(tf.constant([ids[:5], ids[-5:]])).numpy()] == \
+    as_seqio = seqio_vocabularies.as_seqio(vocabulary)
+    assert as_seqio.native is vocabulary and as_seqio.encode(TEXT) == ids
+    assert as_seqio.encode_tf(tf.constant(TEXT)).numpy().tolist() == ids
+    assert as_seqio.decode_tf(tf.constant([*ids, vocabulary.eos_id, 7, 8])).numpy().decode() == TEXT
+    assert [t.decode() for t in as_seqio.decode_tf(tf.constant([ids[:5], ids[-5:]])).numpy()] == \
         [vocabulary.decode(ids[:5]), vocabulary.decode(ids[-5:])]
     tokenized = seqio.preprocessors.tokenize(tf.data.Dataset.from_tensors({"targets": TEXT}),
-                                             output_features={"targets": seqio.Feature(vocabulary)})
+                                             output_features={"targets": seqio.Feature(as_seqio)})
     assert next(tokenized.as_numpy_iterator())["targets"].tolist() == ids  # inside tf.data, as tasks tokenize
+
+
+@pytest.mark.parametrize("kind", [*JSON_KINDS, "llama"])
+def test_python_and_tensorflow_decode_alike_past_the_vocabulary_and_eos(kind, folders):
+    """ids past the vocabulary decode as UNK (when there is one), nothing after the first EOS, [] as ''."""
+    vocabulary = hf_vocabulary.load_path(str(folders[kind]))
+    as_seqio = seqio_vocabularies.as_seqio(vocabulary)
+    ids, eos, size = vocabulary.encode(TEXT)[:12], vocabulary.eos_id, vocabulary.vocab_size
+    for id_list in ([], [eos], ids, [*ids[:4], eos, *ids[4:]], [*ids[:3], size, size + 50, *ids[3:6]],
+                    [eos, eos, 5], [size + 1, eos, size + 2]):
+        python = vocabulary.decode(id_list)
+        assert python == as_seqio.decode(id_list) == as_seqio.decode_tf(tf.constant(id_list, tf.int32)).numpy().decode()
+        assert python == vocabulary.decode(np.asarray(id_list, np.int32))
+    assert vocabulary.decode([*ids[:4], eos, *ids[4:]]) == vocabulary.decode(ids[:4])
+    if vocabulary.unk_id is not None:  # Gemma's <unk>, LLaMA's: what an id past the vocabulary decodes to
+        assert vocabulary.decode([size + 7]) == vocabulary.decode([vocabulary.unk_id])
 
 
 @pytest.mark.parametrize("kind, ids, start, zero_is_token", [
@@ -194,8 +212,9 @@ def test_hugging_face_vocabularies_pickle_without_their_loaded_tokenizer(folders
     for kind in ("gpt2", "llama"):
         vocabulary = hf_vocabulary.load_path(str(folders[kind]))
         ids = vocabulary.encode(TEXT)
-        copy = pickle.loads(pickle.dumps(vocabulary))  # a Beam worker, a gin deep copy
-        assert copy == vocabulary and copy.encode(TEXT) == ids
+        for each in (vocabulary, seqio_vocabularies.as_seqio(vocabulary)):
+            copy = pickle.loads(pickle.dumps(each))  # a Beam worker, a gin deep copy
+            assert copy == each and hash(copy) == hash(each) and copy.encode(TEXT) == ids
 
 
 def test_a_model_directory_reads_its_own_tokenizer(folders, tmp_path):
@@ -234,7 +253,7 @@ def test_a_document_holding_token_0_gets_loss_weight_on_it(pack, folders):
     documents = [[*vocabulary.encode(t), vocabulary.eos_id] for t in texts]
     assert all(0 in d for d in documents)
     task = _text_task("hf_token_zero", texts, folders["gpt2"] / "tokenizer.json", folders["gpt2"].parent)
-    assert task_access.get_task(task).output_features["targets"].vocabulary == vocabulary
+    assert task_access.get_task(task).output_features["targets"].vocabulary == seqio_vocabularies.as_seqio(vocabulary)
     config = task_access.DataConfig(task, sequence_length=16, batch_size=4, shuffle=False, pack=pack)
     rows = list(input_pipeline.epoch_rows(config, epoch=0, shard_index=0, num_shards=1).as_numpy_iterator())
 

@@ -3,6 +3,7 @@ pass; a split's pipeline errors as RunConfigError."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from t5x_lite.data import iterators, task_access, task_factories
@@ -44,11 +45,22 @@ def test_an_indexable_task_is_read_by_index_and_reader_stream_streams_it(ids):
     unplanned.iterator.close()
 
 
-def test_a_validation_pass_is_streamed_even_when_the_task_is_indexable(ids):
+def test_a_validation_pass_is_read_by_index_in_order_laid_out_as_training_reads_the_split(ids):
     batches = iterators.build(config(ids), num_epochs=1, host_batch_size=4, validation=True)
-    assert not batches.by_index and batches.steps_per_epoch is None
-    assert len(split_epochs(batches.iterator)) == 1
+    assert batches.by_index and not batches.iterator.plan.shuffle
+    validation = list(batches.iterator)
     batches.iterator.close()
+    in_order = iterators.build(config(ids, shuffle=False), num_epochs=1, host_batch_size=4)
+    training = list(in_order.iterator)
+    in_order.iterator.close()
+    assert len(validation) == len(training) == in_order.steps_per_epoch > 1
+    for seen, trained in zip(validation, training):
+        assert seen.keys() == trained.keys() and all(np.array_equal(seen[k], trained[k]) for k in seen)
+
+    streamed = iterators.build(config(ids, reader="stream"), num_epochs=1, host_batch_size=4, validation=True)
+    assert not streamed.by_index and "reader='stream'" in streamed.streamed_because
+    assert len(split_epochs(streamed.iterator)) == 1
+    streamed.iterator.close()
 
 
 def test_a_missing_split_stops_the_run_with_the_splits_named(ids):

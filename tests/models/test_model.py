@@ -205,6 +205,20 @@ def test_scan_unroll_is_a_positive_integer_for_scanned_layers_only():
         _cfg(scan_layers=False, scan_unroll=2)
     with pytest.raises(ConfigValueError, match="scan_unroll=0 must be a positive integer"):
         _cfg(scan_unroll=0)
+    for bad in ("4", "Auto", True, 2.0):
+        with pytest.raises(ConfigValueError, match=r"must be a positive integer or 'auto'"):
+            _cfg(scan_unroll=bad)
+
+
+def test_scan_unroll_auto_is_accepted_and_compiles_the_loop_until_resolved():
+    """'auto' (the train loop replaces it at start-up) is valid with either layout; a model built
+    from a config that still says 'auto' compiles the loop, as scan_unroll=1."""
+    assert _cfg(scan_layers=False, scan_unroll="auto").layers_per_iteration == 1
+    auto, looped = _cfg(num_layers=3, scan_unroll="auto"), _cfg(num_layers=3)
+    assert (auto.layers_per_iteration, _cfg(scan_unroll=3).layers_per_iteration) == (1, 3)
+    params, tokens = _init(looped, seed=6), _tokens(4, (2, 11))
+    assert "stablehlo.while" in _jitted_apply(auto).lower(params, tokens).as_text()
+    np.testing.assert_array_equal(np.asarray(_apply(auto, params, tokens)), np.asarray(_apply(looped, params, tokens)))
 
 
 STYLES = pytest.mark.parametrize("cfg", [BASE, GPT2], ids=["llama", "gpt2"])

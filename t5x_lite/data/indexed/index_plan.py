@@ -11,9 +11,11 @@ LM's split points), other feature converters, unpacked rows, and mixtures with
 data/indexed/epochs.py's (which `t5x-lite estimate` follows too); this module describes the registered
 task or mixture to them and reads the split entries they ask for.
 
-The task modules of data/tasks/ register here what they know of a task (`register_lm_task`,
-`register_mixture`); a registration counts only while seqio still holds the same object
-under that name, so a task re-registered in another way is not mistaken for an indexable one.
+Prepared LM tasks and their mixtures are known from data/task_registry.py, without seqio. The
+seqio task modules of data/tasks/ register here what they know of their own tasks
+(`register_lm_task`, `register_mixture`); a registration counts only while seqio still holds the
+same object under that name, so a task re-registered in another way is not mistaken for an
+indexable one.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Any, Sequence
 
 from t5x_lite.data.indexed import epochs
 from t5x_lite.data.records import prepared_dataset, record_index
-from t5x_lite.data.task_access import DataConfig, get_task
+from t5x_lite.data import task_registry
+from t5x_lite.data.task_access import DataConfig, get_task, task_vocabulary
 from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 
@@ -63,7 +66,12 @@ class IndexPlan:
 
 def _node(name: str) -> epochs.Node:
     """Task or mixture `name` as the index rules see it (data/indexed/epochs.py), from what the task modules
-    registered here."""
+    registered here and in data/task_registry.py."""
+    entry = task_registry.lookup(name)
+    if isinstance(entry, task_registry.PreparedMixture):
+        return epochs.Mixture(name, tuple((_node(task), rate) for task, rate in entry.tasks), entry.exhaust_all_tasks)
+    if isinstance(entry, task_registry.PreparedTask):
+        return epochs.Task(name, lm=True, data_dir=entry.data_dir)
     provider = get_task(name)
     if name in _MIXTURES and _MIXTURES[name][0] is provider:
         _, pairs, exhaust = _MIXTURES[name]
@@ -85,7 +93,7 @@ def _plan(config: DataConfig) -> IndexPlan:
             directory, config.split, cached=cached))
     tasks = tuple(IndexedTask(name=s.task, records=record_index.SplitRecords(s.directory, config.split, s.entry),
                               rate=s.rate) for s in sources)
-    vocabulary = get_task(tasks[0].name).output_features["targets"].vocabulary
+    vocabulary = task_vocabulary(tasks[0].name)
     return IndexPlan(tasks=tasks, length=config.sequence_length, eos_id=int(vocabulary.eos_id),
                      start_id=int(tokenizer_files.decoder_start_id(vocabulary)), seed=config.seed,
                      shuffle=config.shuffle)

@@ -44,7 +44,6 @@ from t5x_lite.data.records import prepared_dataset
 from t5x_lite.data.records.prepared_dataset import METADATA_FILE, VOCAB_FILE
 from t5x_lite.data.vocab import hf_vocabulary, tokenizer_files
 from t5x_lite.errors import UserError
-from t5x_lite.tf_setup import import_tensorflow
 
 DEFAULT_VOCAB_SIZE = 8192
 
@@ -183,7 +182,6 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
         vocabulary_entry = {"vocab_size": spm_vocabulary.vocab_size_of(model), "vocabulary": VOCAB_FILE}
     model_file = os.path.join(out_dir, VOCAB_FILE)
 
-    import_tensorflow()  # before the clock starts: the rate measures tokenizing and writing
     tokenize_start = time.perf_counter()
     num_shards_per_split = {"train": num_shards,
                             "validation": min(num_shards, survey.num_documents["validation"])}

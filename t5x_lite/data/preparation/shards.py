@@ -1,8 +1,10 @@
 """A prepared directory's sharded TFRecords, written round-robin in document order, and the
 outputs of an earlier run cleared.
 
-Shards are written under temporary names and renamed only once every shard is finished, so an
-interrupted run leaves no shard that looks whole (the layout: data/records/prepared_dataset.py).
+Records are encoded by data/records/example_codec.py and framed by data/records/record_frame.py
+(no TensorFlow). Shards are written under temporary names and renamed only once every shard is
+finished, so an interrupted run leaves no shard that looks whole (the layout:
+data/records/prepared_dataset.py).
 """
 
 from __future__ import annotations
@@ -11,12 +13,16 @@ import fnmatch
 import functools
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+import numpy as np
 
 from t5x_lite.data.preparation.corpus import SPLITS, Document, split_of
-from t5x_lite.data.records import record_index
+from t5x_lite.data.records import example_codec, record_index
 from t5x_lite.data.records.prepared_dataset import METADATA_FILE, TMP_SUFFIX, TOKENIZER_SUBDIR
-from t5x_lite.tf_setup import import_tensorflow
+from t5x_lite.data.records.record_frame import write_frame
+
+_WRITE_BUFFER = 1 << 20  # bytes buffered per open shard
 
 
 @functools.cache
@@ -29,34 +35,29 @@ def shard_paths(out_dir: str, split: str, num_shards: int) -> list[str]:
 class _SplitWriter:
     """Writes one split round-robin over its shards, under temporary names until `commit`."""
 
-    def __init__(self, tf, paths: list[str]):
-        self._tf = tf
+    def __init__(self, paths: list[str]):
         self._paths = paths
-        self._writers = [tf.io.TFRecordWriter(path + TMP_SUFFIX) for path in paths]
+        self._files = [open(path + TMP_SUFFIX, "wb", buffering=_WRITE_BUFFER) for path in paths]  # noqa: SIM115
         self.num_examples = 0
         self.num_tokens = 0
         # Each shard's record sizes and token counts, for the split's offset index.
         self.record_sizes: list[list[int]] = [[] for _ in paths]
         self.record_tokens: list[list[int]] = [[] for _ in paths]
 
-    def write(self, document_id: int, ids: list[int]) -> None:
-        feature = self._tf.train.Feature
-        example = self._tf.train.Example(features=self._tf.train.Features(feature={
-            "targets": feature(int64_list=self._tf.train.Int64List(value=ids)),
-            "id": feature(int64_list=self._tf.train.Int64List(value=[document_id])),
-        }))
-        # Deterministic: protobuf may order the feature map differently in another process.
-        record = example.SerializeToString(deterministic=True)
-        shard = self.num_examples % len(self._writers)
-        self._writers[shard].write(record)
+    def write(self, document_id: int, ids: Sequence[int] | np.ndarray) -> None:
+        # The feature map in key order: the same bytes in every process (and as TensorFlow's
+        # deterministic serialization).
+        record = example_codec.encode_example({"targets": ids, "id": [document_id]})
+        shard = self.num_examples % len(self._files)
+        write_frame(self._files[shard], record)
         self.record_sizes[shard].append(len(record))
         self.record_tokens[shard].append(len(ids))
         self.num_examples += 1
         self.num_tokens += len(ids)
 
     def close(self) -> None:
-        for writer in self._writers:
-            writer.close()
+        for f in self._files:
+            f.close()
 
     def commit(self) -> None:
         """Gives the finished shards their final names."""
@@ -71,7 +72,7 @@ class _SplitWriter:
                 os.remove(path + TMP_SUFFIX)
 
 
-def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
+def write_shards(encoded: Iterable[tuple[Document, Sequence[int] | np.ndarray]], *, out_dir: str,
                  num_shards: dict[str, int], seed: int,
                  validation_fraction: float) -> dict[str, dict]:
     """Writes each split's records round-robin in document order, and its offset index
@@ -79,8 +80,7 @@ def write_shards(encoded: Iterable[tuple[Document, list[int]]], *, out_dir: str,
 
     Shards appear under their final names only once every shard is complete.
     """
-    tf = import_tensorflow()
-    writers = {split: _SplitWriter(tf, shard_paths(out_dir, split, num_shards[split]))
+    writers = {split: _SplitWriter(shard_paths(out_dir, split, num_shards[split]))
                for split in SPLITS}
     try:
         for document, ids in encoded:

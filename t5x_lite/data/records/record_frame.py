@@ -9,6 +9,7 @@ A TFRecord file is a sequence of frames:
 
 `read_frame` reads one frame and says which check failed, if any (a `Damage`); each caller
 words its own message (a streamed file, a damaged file found by offset, a record read by index).
+`write_frame` writes one, as TensorFlow's TFRecordWriter does (uncompressed).
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ class Frame:
         """Where the next frame starts (only for a frame whose header is intact)."""
         assert self.length is not None
         return self.offset + FRAME_BYTES + self.length
+
+
+def write_frame(f: BinaryIO, data: bytes) -> int:
+    """Writes `data` to `f` as one frame; returns the bytes written (FRAME_BYTES + len(data))."""
+    length = LENGTH.pack(len(data))
+    f.write(length + CRC.pack(masked_crc32c(length)))
+    f.write(data)
+    f.write(CRC.pack(masked_crc32c(data)))
+    return FRAME_BYTES + len(data)
 
 
 def read_frame(f: BinaryIO, offset: int, *, read_data: bool = True) -> Frame | None:

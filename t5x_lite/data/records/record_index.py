@@ -11,7 +11,8 @@ The token stream is every record's `targets` followed by EOS (what an LM task re
 r covers stream positions [index[r, 1], index[r + 1, 1]) and the final row holds the stream's
 length. metadata.json's split entry gets `index`: the file, the records per shard and the stream
 length. The records stay where they are, in TFRecord (read by the streaming path too); the
-index adds 16 bytes per record. Reading checks each record's CRCs, as tf.data does.
+index adds 16 bytes per record. Reading checks each record's CRCs, as tf.data does, and parses
+its `targets` with example_codec.py (no TensorFlow).
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from t5x_lite import storage
-from t5x_lite.data.records import tfrecord_stream
+from t5x_lite.data.records import example_codec, tfrecord_stream
 from t5x_lite.data.records.record_frame import FRAME_BYTES, read_frame
 from t5x_lite.data.records.tfrecord_stream import CorruptRecordError
 from t5x_lite.errors import UserError
-from t5x_lite.tf_setup import import_tensorflow
 
 INDEX_FORMAT = "tfrecord-offsets-1"
 
@@ -76,17 +76,13 @@ def write_index(out_dir: str, split: str, index: np.ndarray, records_per_shard: 
 
 def targets_lengths(records: list[bytes]) -> np.ndarray:
     """The number of `targets` ids of each serialized tf.train.Example."""
-    return np.asarray([len(t) for t in parse_targets(records)], np.int64)
+    return example_codec.int64_feature_sizes(records, "targets")
 
 
 def parse_targets(records: list[bytes]) -> list[np.ndarray]:
-    """Each serialized tf.train.Example's `targets` ids (one TensorFlow call for all)."""
-    if not records:
-        return []
-    tf = import_tensorflow()
-    parsed = tf.io.parse_example(records, {"targets": tf.io.RaggedFeature(tf.int64)})["targets"]
-    values, splits = parsed.flat_values.numpy(), parsed.row_splits.numpy()
-    return [values[splits[i]:splits[i + 1]] for i in range(len(records))]
+    """Each serialized tf.train.Example's `targets` ids (example_codec.ExampleFormatError names a
+    malformed record)."""
+    return example_codec.int64_feature(records, "targets")
 
 
 def index_shards(paths: Sequence[str], *, block: int = 1024) -> tuple[np.ndarray, list[int]]:
@@ -106,6 +102,13 @@ def index_shards(paths: Sequence[str], *, block: int = 1024) -> tuple[np.ndarray
     return build_index(sizes, lengths), [len(s) for s in sizes]
 
 
+def shard_paths(data_dir: str, split_entry: dict) -> list[str]:
+    """The paths of a split's TFRecord shards, in order, from its metadata entry (no listing)."""
+    num_shards = int(split_entry["num_shards"])
+    pattern = split_entry["pattern"].replace("*-of-*", "{:05d}-of-" + f"{num_shards:05d}")
+    return [storage.join(data_dir, pattern.format(i)) for i in range(num_shards)]
+
+
 class SplitRecords:
     """Random access to one split of a prepared directory through its index (any storage path).
 
@@ -120,8 +123,7 @@ class SplitRecords:
                               f"`t5x-lite index {data_dir}` (or read it by streaming: DataConfig.reader='stream').")
         self.data_dir, self.split = data_dir, split
         num_shards = int(split_entry["num_shards"])
-        pattern = split_entry["pattern"].replace("*-of-*", "{:05d}-of-" + f"{num_shards:05d}")
-        self.shard_paths = [storage.join(data_dir, pattern.format(i)) for i in range(num_shards)]
+        self.shard_paths = shard_paths(data_dir, split_entry)
         self.index = self._load(storage.join(data_dir, entry["file"]))
         counts = np.asarray(entry["records_per_shard"], np.int64)
         self.shard_starts = np.concatenate([[0], np.cumsum(counts)])

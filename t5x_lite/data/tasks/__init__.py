@@ -14,6 +14,6 @@ Every module imports TensorFlow, seqio and t5 when it is imported, so only the g
 t5x_lite stays cheap. Tasks over prepared data are registered when a gin file calls their
 factory, so the data directory is always visible in the config rather than hidden in code.
 
-May import: data/ (prepared_dataset, tfrecord_stream, hf_vocabulary, index_plan), storage,
+May import: data/ (prepared_dataset, tfrecord_stream, hf_vocabulary, seqio_vocabularies, index_plan), storage,
 errors, tf_setup; never task_factories (pyproject.toml's contract on data/).
 """

@@ -9,12 +9,11 @@ then packs pieces into full rows.
 
 from __future__ import annotations
 
-import functools
-
 from t5x_lite import storage
+from t5x_lite.data import task_registry
 from t5x_lite.data.indexed import index_plan
-from t5x_lite.data.records import prepared_dataset, tfrecord_stream
-from t5x_lite.data.vocab import hf_vocabulary
+from t5x_lite.data.records import tfrecord_stream
+from t5x_lite.data.vocab import hf_vocabulary, seqio_vocabularies
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -22,21 +21,6 @@ tf = import_tensorflow()  # first, so that seqio and t5 find it quiet and off th
 
 import seqio  # noqa: E402
 from t5.data import preprocessors as t5_preprocessors  # noqa: E402
-
-
-def read_metadata(data_dir: str) -> dict:
-    """The metadata.json of a prepared directory (local, gs:// or s3://), or a clear error."""
-    try:
-        metadata = prepared_dataset.read_metadata(data_dir)
-    except storage.StorageError as e:  # no credentials: the message says what to set
-        raise TaskDataError(str(e)) from None
-    if metadata is None:
-        raise TaskDataError(
-            f"Data directory {data_dir!r} has no {prepared_dataset.METADATA_FILE}: it is missing (check the bucket "
-            f"and prefix of a gs:// or s3:// path) or was never prepared. Run `t5x-lite prepare "
-            f"--input=... --out={data_dir}` (or point the task's data_dir at a prepared directory)."
-        )
-    return metadata
 
 
 def _check_split_files(data_dir: str, metadata: dict) -> dict[str, list[str]]:
@@ -59,23 +43,6 @@ def targets_as_int32(example: dict) -> dict:
     return {"targets": tf.cast(example["targets"], tf.int32)}
 
 
-class _S3Vocabulary(seqio.SentencePieceVocabulary):
-    """A SentencePiece model on s3://, which seqio's loader (tf.io.gfile) cannot open.
-
-    It is loaded from a local copy made on first use, on each machine: the object keeps its
-    s3 path, so a copy pickled to a Beam worker downloads the model there.
-    """
-
-    def __init__(self, path: str, *, extra_ids: int = 0):
-        super().__init__(path, extra_ids=extra_ids)
-        self._s3_path = path
-
-    def _model_context(self):
-        if self._model is None:
-            self._sentencepiece_model_file = storage.tensorflow_readable(self._s3_path)
-        return super()._model_context()
-
-
 def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSource, seqio.Vocabulary]:
     """The token-id records of a prepared directory and its vocabulary (+ sentinel ids).
 
@@ -83,15 +50,11 @@ def prepared_source(data_dir: str, *, extra_ids: int = 0) -> tuple[seqio.DataSou
     s3:// shards are streamed through fsspec (t5x_lite.data.records.tfrecord_stream). Either way seqio
     shards by file, so each host opens only its own shards.
     """
-    metadata = read_metadata(data_dir)
+    metadata = task_registry.read_metadata(data_dir)
     files = _check_split_files(data_dir, metadata)
-    vocabulary_path = storage.join(data_dir, metadata["vocabulary"])
     s3 = storage.is_s3(data_dir)
-    if "tokenizer" in metadata:  # prepared with --tokenizer: a Hugging Face tokenizer, its own special ids
-        vocabulary = hf_vocabulary.prepared_vocabulary(data_dir, metadata, extra_ids=extra_ids)
-    else:
-        vocabulary_cls = _S3Vocabulary if s3 else seqio.SentencePieceVocabulary
-        vocabulary = vocabulary_cls(vocabulary_path, extra_ids=extra_ids)
+    # spm.model with seqio's ids, or (prepared with --tokenizer) a Hugging Face tokenizer with its own
+    vocabulary = seqio_vocabularies.as_seqio(hf_vocabulary.prepared_vocabulary(data_dir, metadata, extra_ids=extra_ids))
     source = seqio.TFExampleDataSource(
         split_to_filepattern=files,
         feature_description={"targets": tf.io.RaggedFeature(tf.int64)},
@@ -151,18 +114,12 @@ def register_lm_task(name: str, data_dir: str) -> seqio.Task:
     return task
 
 
-@functools.cache
-def _registered(name: str, data_dir: str) -> str:
-    register_lm_task(name, data_dir)
-    return name
-
-
-def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> str:
-    """Registers the LM task `name` over `data_dir` once and returns its name (for gin).
+def lm_task(*, name: str, data_dir: str, cache_dir: str | None = None) -> seqio.Task:
+    """Registers the seqio LM task `name` over `data_dir` (an absolute path or URL) and returns it.
 
     `cache_dir` (the --output_cache_dir of `t5x-lite cache`) is added to seqio's cache
     directories, where `DataConfig.use_cached=True` looks for the task's offline cache.
     """
     if cache_dir:
         seqio.add_global_cache_dirs([storage.absolute(cache_dir)])
-    return _registered(name, storage.absolute(data_dir))
+    return register_lm_task(name, data_dir)

@@ -26,10 +26,9 @@ rows, and one epoch is as many rows as the scarcest task fills in one of its own
 from __future__ import annotations
 
 import functools
-import numbers
 
+from t5x_lite.data import task_registry
 from t5x_lite.data.indexed import index_plan
-from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
 tf = import_tensorflow()
@@ -37,26 +36,15 @@ tf = import_tensorflow()
 import seqio  # noqa: E402
 
 
-def _check_tasks(name: str, tasks: list[tuple[str, float]]) -> None:
-    if not tasks:
-        raise TaskDataError(f"Mixture {name!r} has no tasks; give (task name, rate) pairs.")
-    known = set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
-    for entry in tasks:
-        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
-            raise TaskDataError(f"Mixture {name!r}: each task is a (task name, rate) pair, not {entry!r}.")
-        task, rate = entry
-        if task not in known:
-            raise TaskDataError(f"Mixture {name!r}: no task or mixture named {task!r} is registered. Known: "
-                                f"{sorted(known)}. Register it first (its factory returns the name).")
-        if not isinstance(rate, numbers.Real) or rate <= 0:
-            raise TaskDataError(f"Mixture {name!r}: the rate of {task!r} is {rate!r}; rates are positive numbers.")
-    if name in seqio.TaskRegistry.names():
-        raise TaskDataError(f"Mixture name {name!r} is already a task's name; choose another.")
-
-
 def register_mixture(name: str, tasks: list[tuple[str, float]], *, exhaust_all_tasks: bool = False) -> seqio.Mixture:
     """Registers mixture `name` of (task name, rate) pairs, replacing an earlier one of that name."""
-    _check_tasks(name, tasks)
+    task_registry.check_mixture(name, tasks, known=set(seqio.TaskRegistry.names()) | set(seqio.MixtureRegistry.names())
+                                | task_registry.registered_names(),
+                                task_names=set(seqio.TaskRegistry.names()) | task_registry.prepared_task_names())
+    for task, _ in tasks:  # a prepared task (or mixture) is registered in seqio when a seqio mixture names it
+        entry = task_registry.lookup(task)
+        if entry is not None:
+            task_registry.seqio_task(entry)
     seqio.MixtureRegistry.remove(name)
     sample_fn = functools.partial(tf.data.Dataset.sample_from_datasets, stop_on_empty_dataset=not exhaust_all_tasks)
     mixture = seqio.MixtureRegistry.add(name, [(task, float(rate)) for task, rate in tasks], sample_fn=sample_fn)

@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 
 from t5x_lite.data.indexed import index_plan
 from t5x_lite.data.tasks.lm import replace_task
-from t5x_lite.data.vocab import hf_vocabulary
+from t5x_lite.data.vocab import hf_vocabulary, seqio_vocabularies
 from t5x_lite.errors import TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -162,7 +162,7 @@ def load_vocabulary(vocabulary: str) -> seqio.Vocabulary:
     if path.endswith(".json") or os.path.isdir(path):
         loaded = hf_vocabulary.load_path(path)
         loaded.vocab_size  # reads the tokenizer now rather than later inside tf.data
-        return loaded
+        return seqio_vocabularies.as_seqio(loaded)
     loaded = seqio.SentencePieceVocabulary(path)
     try:
         loaded.tokenizer  # reads the model now rather than later inside tf.data

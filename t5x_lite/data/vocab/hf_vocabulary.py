@@ -1,10 +1,12 @@
-"""Hugging Face tokenizers as seqio vocabularies: from a path, a prepared directory or a model directory.
+"""Vocabularies from a path, a prepared directory or a model directory (no TensorFlow or seqio:
+`seqio_vocabularies.as_seqio` makes a seqio task's vocabulary of one).
 
 `load` builds the vocabulary of a `tokenizer_files.TokenizerSource` (a tokenizer.json or a
 SentencePiece model, with the special ids of its folder). A directory prepared with
-`t5x-lite prepare --tokenizer` holds a copy in tokenizer/ and its ids in metadata.json
-(`prepared_vocabulary`); a model directory holds the tokenizer it reads text with in hf/
-(`model_dir_vocabulary`), which `write_model_dir_files` fills for a run trained on one.
+`t5x-lite prepare --tokenizer` holds a copy in tokenizer/ and its ids in metadata.json, one
+prepared without it a SentencePiece model with seqio's ids (`prepared_vocabulary`); a model
+directory holds the Hugging Face tokenizer it reads text with in hf/ (`model_dir_vocabulary`),
+which `write_model_dir_files` fills for a run trained on one.
 """
 
 from __future__ import annotations
@@ -12,22 +14,24 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import sentencepiece
+
 from t5x_lite import storage
 from t5x_lite.data.records.prepared_dataset import TOKENIZER_SUBDIR
-from t5x_lite.data.vocab import tokenizer_files
+from t5x_lite.data.vocab import sentencepiece_vocabulary, tokenizer_files, tokenizer_json
+from t5x_lite.data.vocab.base import Vocabulary
+from t5x_lite.data.vocab.sentencepiece_vocabulary import SentencePieceVocabulary
 from t5x_lite.data.vocab.tokenizer_files import TOKEN_NAME_FILES, SpecialIds, TokenizerSource
 
 PREPARED_SUBDIR = TOKENIZER_SUBDIR  # in a prepared directory: the copy of its tokenizer
 
 
-def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: int = 0) -> Any:
-    """The seqio vocabulary of `source`, with `ids` (default: read from its folder, `tokenizer_files.special_ids`)."""
+def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: int = 0) -> Vocabulary:
+    """The vocabulary of `source`, with `ids` (default: read from its folder, `tokenizer_files.special_ids`)."""
     if source.kind == "sentencepiece":
-        from t5x_lite.data.vocab import hf_sentencepiece  # seqio and TensorFlow: imported when first needed
-
         if ids is None:
-            model = hf_sentencepiece.read_model(source.path)
-            processor = hf_sentencepiece.sentencepiece.SentencePieceProcessor(model_proto=model)
+            model = sentencepiece_vocabulary.read_model(source.path)
+            processor = sentencepiece.SentencePieceProcessor(model_proto=model)
             pieces = frozenset(processor.id_to_piece(i) for i in range(processor.vocab_size())
                                if processor.is_control(i) or processor.is_unknown(i))
 
@@ -35,11 +39,9 @@ def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: i
                 i = processor.piece_to_id(token)
                 return i if processor.id_to_piece(i) == token else None
 
-            ids = tokenizer_files.special_ids(source, token_to_id=piece_id, own=hf_sentencepiece.own_ids(model),
-                                              special_tokens=pieces)
-        return hf_sentencepiece.HfSentencePieceVocabulary(source.path, ids=ids, extra_ids=extra_ids)
-
-    from t5x_lite.data.vocab import tokenizer_json  # seqio and TensorFlow: imported when first needed
+            ids = tokenizer_files.special_ids(source, token_to_id=piece_id,
+                                              own=sentencepiece_vocabulary.own_ids(model), special_tokens=pieces)
+        return SentencePieceVocabulary(source.path, ids=ids, extra_ids=extra_ids)
 
     if ids is None:
         tokenizer = tokenizer_json.load_tokenizer(source.path)
@@ -48,7 +50,7 @@ def load(source: TokenizerSource, *, ids: SpecialIds | None = None, extra_ids: i
     return tokenizer_json.TokenizerJsonVocabulary(source.path, ids=ids, extra_ids=extra_ids)
 
 
-def load_path(path: str, *, extra_ids: int = 0) -> Any:
+def load_path(path: str, *, extra_ids: int = 0) -> Vocabulary:
     """The vocabulary of a tokenizer file, a Hugging Face folder or a converted model directory."""
     return load(tokenizer_files.find(path), extra_ids=extra_ids)
 
@@ -66,15 +68,18 @@ def copy_for_prepared(source: TokenizerSource, out_dir: str) -> TokenizerSource:
     return TokenizerSource(folder, source.file)
 
 
-def metadata_entry(source: TokenizerSource, vocabulary: Any, *, given: str) -> dict[str, Any]:
+def metadata_entry(source: TokenizerSource, vocabulary: Vocabulary, *, given: str) -> dict[str, Any]:
     """metadata.json's `tokenizer`: where the copy is, where it came from, its kind and special ids."""
     return {"file": f"{PREPARED_SUBDIR}/{source.file}", "kind": source.kind, "source": given,
             **vocabulary.ids.to_json(), "decoder_start_id": vocabulary.decoder_start_id,
             "zero_is_token": vocabulary.zero_is_token}
 
 
-def prepared_vocabulary(data_dir: str, metadata: dict[str, Any], *, extra_ids: int = 0) -> Any:
-    """The vocabulary of a directory prepared with --tokenizer (its copy, the ids metadata.json records)."""
+def prepared_vocabulary(data_dir: str, metadata: dict[str, Any], *, extra_ids: int = 0) -> Vocabulary:
+    """The vocabulary of a prepared directory (its metadata.json: `metadata`): prepared with --tokenizer,
+    its copy with the ids metadata.json records; else its SentencePiece model, with seqio's ids."""
+    if "tokenizer" not in metadata:
+        return SentencePieceVocabulary(storage.join(data_dir, metadata["vocabulary"]), extra_ids=extra_ids)
     entry = metadata["tokenizer"]
     folder, _, name = storage.join(data_dir, entry["file"]).rpartition("/")
     ids = SpecialIds(**{n: entry.get(f"{n}_id") for n in tokenizer_files.SPECIAL_NAMES})
@@ -84,7 +89,7 @@ def prepared_vocabulary(data_dir: str, metadata: dict[str, Any], *, extra_ids: i
 # ---------------------------------------------------------------------------- model directories
 
 
-def model_dir_vocabulary(model_dir: str) -> Any | None:
+def model_dir_vocabulary(model_dir: str) -> Vocabulary | None:
     """The Hugging Face tokenizer MODEL_DIR/hf/ holds, when it is the model's vocabulary; else None
     (then vocab/spm.model, if any, is: `tokenizer_files.model_dir_tokenizer`)."""
     source = tokenizer_files.model_dir_tokenizer(model_dir)
@@ -94,9 +99,9 @@ def model_dir_vocabulary(model_dir: str) -> Any | None:
 def write_model_dir_files(vocabulary: Any, model_dir: str) -> list[str]:
     """A run's Hugging Face tokenizer (its file and the JSON files naming its special tokens) copied
     into `model_dir`/hf/, where `model_dir_vocabulary`, sample, eval, infer and to-hf read it; the
-    names copied (none for seqio's own vocabularies)."""
+    names copied (none for a vocabulary with seqio's ids, which has no Hugging Face `ids`)."""
     files = getattr(vocabulary, "files", None)
-    if not files or not hasattr(vocabulary, "decoder_start_id"):
+    if not files or getattr(vocabulary, "ids", None) is None:
         return []
     folder = storage.join(model_dir, tokenizer_files.HF_SUBDIR)
     storage.makedirs(folder)

@@ -89,7 +89,7 @@ class SpecialIds:
 
 
 class SpecialIdProperties:
-    """A vocabulary's special ids read from its `ids` (SpecialIds): mixed into both Hugging Face vocabularies."""
+    """A vocabulary's special ids read from its `ids` (SpecialIds): mixed into `TokenizerJsonVocabulary`."""
 
     ids: SpecialIds
 

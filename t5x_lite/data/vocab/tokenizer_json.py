@@ -1,28 +1,21 @@
-"""A Hugging Face `tokenizer.json` as a seqio vocabulary (GPT-2's, Qwen2's and Gemma's byte-level or
-byte-fallback BPE, and any other the `tokenizers` library reads).
+"""A Hugging Face `tokenizer.json` as a vocabulary (GPT-2's, Qwen2's and Gemma's byte-level or
+byte-fallback BPE, and any other the `tokenizers` library reads), without TensorFlow or seqio.
 
-The `tokenizers` package (pinned in requirements/torch.txt, `make install-torch`) does the work;
-TensorFlow's side (`encode_tf`/`decode_tf`, what seqio's `tokenize` preprocessor calls inside
-tf.data) runs the same Python tokenizer through `tf.py_function`, so both give the same ids.
+The `tokenizers` package (pinned in requirements/torch.txt, `make install-torch`) does the work.
 Text is encoded without special tokens (no BOS, no EOS: seqio appends EOS, the feature converter
-puts the decoder start first); decoding stops at the first EOS.
+puts the decoder start first); decoding stops at the first EOS. Its seqio vocabulary
+(`seqio_vocabularies.as_seqio`) runs these same methods inside tf.data.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
-
-import numpy as np
+from typing import Any
 
 from t5x_lite import storage
+from t5x_lite.data.vocab.base import Vocabulary
 from t5x_lite.data.vocab.tokenizer_files import SpecialIdProperties, SpecialIds, TokenizerError
 from t5x_lite.errors import MissingExtraError
-from t5x_lite.tf_setup import import_tensorflow
-
-tf = import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
-
-import seqio  # noqa: E402
 
 _load_lock = threading.Lock()
 
@@ -50,8 +43,8 @@ def load_tokenizer(path: str) -> Any:
             from None
 
 
-class TokenizerJsonVocabulary(SpecialIdProperties, seqio.Vocabulary):
-    """A tokenizer.json with its special ids, in seqio's Python and TensorFlow interfaces.
+class TokenizerJsonVocabulary(SpecialIdProperties, Vocabulary):
+    """A tokenizer.json with its special ids, in seqio's Python interface.
 
     `vocab_size` is the largest id plus one (added tokens included). `decoder_start_id` is BOS
     (else EOS); `zero_is_token` says id 0 is a real token (GPT-2's "!") unless it is the padding.
@@ -88,41 +81,18 @@ class TokenizerJsonVocabulary(SpecialIdProperties, seqio.Vocabulary):
 
     @property
     def _base_vocab_size(self) -> int:
-        if self._size is None:  # seqio reads it on every decode: counted once
+        if self._size is None:  # `decode` reads it every time: counted once
             self._size = max(self.tokenizer.get_vocab(with_added_tokens=True).values()) + 1
         return self._size
 
-    def _encode(self, s: str) -> Sequence[int]:
+    def _encode(self, s: str) -> list[int]:
         return self.tokenizer.encode(s, add_special_tokens=False).ids
 
-    def _decode(self, ids: Sequence[int]) -> str:
+    def _decode(self, ids: list[int]) -> str:
         ids = [int(i) for i in ids]
         if self.eos_id is not None and self.eos_id in ids:
             ids = ids[:ids.index(self.eos_id)]
         return self.tokenizer.decode([i for i in ids if i >= 0], skip_special_tokens=False)
-
-    def _encode_tf(self, s: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
-        """A scalar string -> its [length] ids; a vector of strings -> a [rows, (length)] RaggedTensor."""
-        s = tf.convert_to_tensor(s, tf.string)
-        if s.shape.rank == 0:
-            ids = tf.py_function(lambda text: np.asarray(self._encode(text.numpy().decode("utf-8")), np.int32),
-                                 [s], tf.int32)
-            ids.set_shape([None])
-            return ids
-        if s.shape.rank != 1:
-            raise ValueError(f"encode_tf takes a string scalar or vector, not rank {s.shape.rank}.")
-        return tf.map_fn(self._encode_tf, s, fn_output_signature=tf.RaggedTensorSpec([None], tf.int32))
-
-    def _decode_tf(self, ids: tf.Tensor) -> tf.Tensor:
-        """[..., length] ids -> [...] strings, each row decoded as `decode` does."""
-        ids = tf.convert_to_tensor(ids, tf.int32)
-        shape = tf.shape(ids)[:-1]
-
-        def decode_rows(rows):
-            return np.asarray([self._decode(row).encode("utf-8") for row in rows.numpy().tolist()], dtype=object)
-
-        texts = tf.py_function(decode_rows, [tf.reshape(ids, [-1, tf.shape(ids)[-1]])], tf.string)
-        return tf.reshape(texts, shape)
 
     def __eq__(self, other):
         return isinstance(other, TokenizerJsonVocabulary) and (self.path, self.ids) == (other.path, other.ids)
