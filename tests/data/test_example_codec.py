@@ -14,6 +14,7 @@ import tensorflow as tf
 from t5x_lite.data.records import example_codec, record_frame, record_index
 from t5x_lite.data.records.example_codec import ExampleFormatError
 from t5x_lite.errors import UserError
+from tests.cli.test_without_tensorflow import BLOCKED, blocking_packages
 from tests.cli_helpers import ROOT, cli_env
 from tests.data.test_prepare import make_corpus
 
@@ -185,22 +186,13 @@ def test_values_that_are_not_int64_are_refused_when_writing():
 # ------------------------------------------------------------------------------------ prepare without TensorFlow
 
 
-@pytest.fixture
-def no_tensorflow(tmp_path) -> str:
-    """A directory that, first on PYTHONPATH, makes `import tensorflow` (seqio, t5) fail."""
-    blocked = tmp_path / "blocked"
-    for package in ("tensorflow", "seqio", "t5"):
-        (blocked / package).mkdir(parents=True)
-        (blocked / package / "__init__.py").write_text('raise ImportError("blocked for this test")\n')
-    return str(blocked)
-
-
-def test_prepare_runs_where_tensorflow_cannot_be_imported_and_its_index_matches_the_records(tmp_path, no_tensorflow):
+def test_prepare_runs_where_tensorflow_cannot_be_imported_and_its_index_matches_the_records(tmp_path):
     corpus, out = tmp_path / "corpus", tmp_path / "out"
     documents = make_corpus(corpus)
-    env = cli_env(extra_pythonpath=no_tensorflow)
-    blocked = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, capture_output=True, text=True)
-    assert "blocked for this test" in blocked.stderr
+    env = cli_env(extra_pythonpath=str(blocking_packages(tmp_path / "blocked")))
+    for name in BLOCKED:
+        probe = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True)
+        assert probe.returncode != 0 and "is not installed here" in probe.stderr
     done = subprocess.run([sys.executable, "-m", "t5x_lite.cli", "prepare", f"--input={corpus}", f"--out={out}",
                            "--vocab_size=320", "--num_shards=3", "--validation_fraction=0.2", "--num_workers=1"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
