@@ -58,10 +58,27 @@ _REGISTRY: dict[str, Entry] = {}
 
 
 def register(entry: Entry) -> None:
-    """Registers `entry`; an equal registration already there is kept (with its seqio task)."""
+    """Registers `entry`; an equal registration already there is kept (with its seqio task). One that
+    differs is replaced, its seqio task (if it made one) removed from seqio's registry with it."""
     held = _REGISTRY.get(entry.name)
-    if held is None or held.key() != entry.key():
-        _REGISTRY[entry.name] = entry
+    if held is not None and held.key() == entry.key():
+        return
+    if held is not None and held.seqio_object is not None:
+        _forget_in_seqio(held)
+    _REGISTRY[entry.name] = entry
+
+
+def _forget_in_seqio(entry: Entry) -> None:
+    """Removes `entry`'s seqio task or mixture from seqio's registry while seqio still holds it."""
+    seqio = sys.modules.get("seqio")
+    if seqio is None:
+        return
+    try:
+        held = seqio.get_mixture_or_task(entry.name)
+    except ValueError:
+        return
+    if held is entry.seqio_object:
+        (seqio.MixtureRegistry if isinstance(entry, PreparedMixture) else seqio.TaskRegistry).remove(entry.name)
 
 
 def lookup(name: str) -> Entry | None:

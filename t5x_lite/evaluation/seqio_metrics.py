@@ -17,6 +17,7 @@ import numpy as np
 
 from t5x_lite import storage
 from t5x_lite.checkpoints.restored_model import RestoredModel
+from t5x_lite.data import task_access
 from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import TaskDataError
 from t5x_lite.inference import predict
@@ -58,7 +59,7 @@ class SeqioEvaluation:
         self.batch_size = batch_size
         self.decoding_config = decoding_config
         self.chief = jax.process_index() == 0
-        import_tensorflow()
+        task_access.get_task(mixture_or_task_name)  # registered in seqio (or the extra to install named)
         import seqio  # with TensorFlow, loaded only when a SeqIO evaluation is asked for
 
         if self.chief:

@@ -80,8 +80,8 @@ def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small
 
     from t5x_lite.data.tasks import lm
 
-    remote = lm.lm_task(name="test_s3_small_lm", data_dir=s3_data_dir)
-    local = lm.lm_task(name="test_local_small_lm", data_dir=str(small_data_dir))
+    remote = lm.lm_task(name="test_s3_small_lm", data_dir=s3_data_dir).name
+    local = lm.lm_task(name="test_local_small_lm", data_dir=str(small_data_dir)).name
     vocabulary = seqio.get_mixture_or_task(remote).output_features["targets"].vocabulary
     assert vocabulary.vocab_size == 512 and vocabulary.decode([300, 301])
     for split in ("train", "validation"):
@@ -95,12 +95,11 @@ def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small
 
 def test_reading_by_index_over_s3_gives_the_local_batches(s3_data_dir, small_data_dir):
     """The index read whole, each record a ranged read through storage (CRC-checked)."""
-    from t5x_lite.data import task_access
+    from t5x_lite.data import task_access, task_factories
     from t5x_lite.data.indexed import index_plan, indexed_input
-    from t5x_lite.data.tasks import lm
     batches = []
     for name, data_dir in (("test_s3_indexed", s3_data_dir), ("test_local_indexed", str(small_data_dir))):
-        plan, why = index_plan.plan(task_access.DataConfig(lm.lm_task(name=name, data_dir=data_dir),
+        plan, why = index_plan.plan(task_access.DataConfig(task_factories.lm_task(name=name, data_dir=data_dir),
                                                            sequence_length=64, batch_size=4))
         assert plan is not None, why
         iterator = indexed_input.IndexedBatchIterator(plan, num_epochs=1, host_batch_size=4)

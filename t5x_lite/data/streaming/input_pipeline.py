@@ -128,11 +128,11 @@ def _trim_and_count(dataset, lengths: dict[str, int], stats: PipelineStats):
 def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: int,
                stats: PipelineStats | None = None):
     """One epoch of one data shard as a tf.data.Dataset of model-feature rows (unbatched)."""
-    tf = import_tensorflow()  # first, so that seqio finds it quiet and off the GPUs
+    provider = get_task(config.mixture_or_task_name)  # or the extra to install, without seqio
+    tf = import_tensorflow()
     import seqio  # seqio and TensorFlow load in seconds: imported where first needed
 
     lengths = config.seqio_lengths()
-    provider = get_task(config.mixture_or_task_name)
     if config.split not in provider.splits:
         raise MissingSplitError(
             f"{config.mixture_or_task_name!r} has no split {config.split!r}; its splits are "
