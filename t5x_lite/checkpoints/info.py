@@ -68,7 +68,7 @@ def format_info(info: dict[str, Any]) -> str:
                                           else "") for state in info["states"]],
              f"family: {metadata.pop('family', '?')}",
              "model: " + ", ".join(f"{k}={v}" for k, v in model.items())]
-    for key in ("task", "vocab_size", "sequence_length", "num_params", "mesh_axes"):
+    for key in ("attention", "task", "vocab_size", "sequence_length", "num_params", "mesh_axes"):
         if key in metadata:
             lines.append(f"{key}: {metadata.pop(key)}")
     lines.append(f"metrics: {json.dumps(metadata.pop('metrics', {}))}")

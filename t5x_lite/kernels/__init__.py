@@ -9,12 +9,14 @@ Owns:
                    layout
   attention.py     `attention`, the differentiable op that calls it
   build.py         compiles the `.cc` files into one library (a C++ compiler, jaxlib's FFI
-                   headers, a cache folder), loads it and registers its handlers with XLA
+                   headers, a cache folder; one build per machine, compiler and sources, under
+                   a lock, within a timeout, a failure remembered), loads it and registers its
+                   handlers with XLA; any failure is a `KernelUnavailableError`
 
 The explicit attention's 'explicit_blas' form runs here (models/explicit_attention.py);
 `models.layers.attention_implementation('auto')` picks it on a single CPU device in float32
-where the kernels build. Public names: `attention`, `available`, `load`,
-`KernelUnavailableError`.
+where the kernels build, else XLA (after one warning line). Public names: `attention`,
+`available`, `load`, `KernelUnavailableError`.
 
 May import: `t5x_lite.errors` only (pyproject.toml's layers contract).
 """

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <string.h>
 #include <limits>
 #include <vector>
 
@@ -55,7 +54,8 @@ inline float ExpNonPositive(float x) {
   return x < -87.0f ? 0.0f : p * scale;
 }
 
-#if defined(__x86_64__)
+// target_clones needs ifuncs (ELF with glibc): Linux on x86-64 only; elsewhere one build.
+#if defined(__x86_64__) && defined(__linux__)
 #define T5X_LITE_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define T5X_LITE_VECTOR_CLONES
@@ -149,15 +149,26 @@ struct RowSource {
   }
 };
 
-// Scratch of one thread, reused across calls: a [q_len, kv_len] matrix.
+// Queries in blocks of this many rows, each with the key range its mask leaves visible.
+constexpr int64_t kRowBlock = 64;
+
+// Where the probabilities (forward) or dS (backward) are no output, each thread holds one block
+// of their rows in scratch, not a whole [q_len, kv_len] matrix (256 MiB at 8,192 tokens): blocks
+// are cut to ScratchRows rows, which keeps it to this many floats (4 MiB), or to kRowBlock rows
+// where the keys are more than 16,384.
+constexpr int64_t kScratchFloats = int64_t{1} << 20;
+
+// The rows of one scratch block for kv_len keys: a multiple of kRowBlock.
+int64_t ScratchRows(int64_t kv_len) {
+  return std::max<int64_t>(1, kScratchFloats / std::max<int64_t>(kv_len, 1) / kRowBlock) * kRowBlock;
+}
+
+// Scratch of one thread, reused across calls (and kept: it is bounded by ScratchRows).
 float* Scratch(int64_t size) {
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < size) scratch.resize(size);
   return scratch.data();
 }
-
-// Queries in blocks of this many rows, each with the key range its mask leaves visible.
-constexpr int64_t kRowBlock = 64;
 
 // Rows [t0, t1) of one (batch row, head) and the keys [lo, hi) outside which all of them are
 // masked: there their probabilities are exactly 0, so no product or softmax touches those
@@ -166,11 +177,11 @@ struct Block {
   int64_t t0, t1, lo, hi;
 };
 
-// The row blocks of one (batch row, head); neighbours with the same key range are merged (one
-// block, one product, for a mask that hides nothing). A row with nothing visible attends
-// uniformly to every key, so its block keeps them all.
+// The row blocks of one (batch row, head); neighbours with the same key range are merged up to
+// max_rows rows (one block, one product, for a mask that hides nothing). A row with nothing
+// visible attends uniformly to every key, so its block keeps them all.
 void RowBlocks(const RowSource<bool>& masks, int64_t b, int64_t head, int64_t q_len, int64_t kv_len,
-               std::vector<Block>* blocks) {
+               int64_t max_rows, std::vector<Block>* blocks) {
   blocks->clear();
   for (int64_t t0 = 0; t0 < q_len; t0 += kRowBlock) {
     const int64_t t1 = std::min(t0 + kRowBlock, q_len);
@@ -183,9 +194,11 @@ void RowBlocks(const RowSource<bool>& masks, int64_t b, int64_t head, int64_t q_
         break;
       }
       lo = std::min<int64_t>(lo, static_cast<const bool*>(first) - row);
-      hi = std::max<int64_t>(hi, static_cast<const bool*>(memrchr(row, 1, kv_len)) - row + 1);
+      int64_t last = kv_len;  // one past the row's last visible key (there is one: `first`)
+      while (!row[last - 1]) --last;
+      hi = std::max<int64_t>(hi, last);
     }
-    if (!blocks->empty() && blocks->back().lo == lo && blocks->back().hi == hi) {
+    if (!blocks->empty() && blocks->back().lo == lo && blocks->back().hi == hi && t1 - blocks->back().t0 <= max_rows) {
       blocks->back().t1 = t1;
     } else {
       blocks->push_back({t0, t1, lo, hi});
@@ -220,29 +233,33 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::
   float* od = out->typed_data();
   if (d.batch * d.q_len * d.heads * d.head_dim == 0) return ffi::Error::Success();
   const int t_len = d.q_len, s_len = d.kv_len, h = d.head_dim;
+  // Without a probabilities output, blocks are one scratch block at most.
+  const int64_t max_rows = p_out ? t_len : ScratchRows(s_len);
   ParallelFor(pool, d.batch * d.kv_heads, [&](int64_t task) {
     const int64_t b = task / d.kv_heads, j = task % d.kv_heads;
     thread_local std::vector<Block> blocks;
     const float *k_j = kd + d.KvOffset(b, j), *v_j = vd + d.KvOffset(b, j);
+    float* scratch = p_out ? nullptr : Scratch(std::min<int64_t>(t_len, max_rows) * s_len);
     for (int64_t head = j * d.groups; head < (j + 1) * d.groups; ++head) {
-      if (head == j * d.groups || masks.head_stride != 0) RowBlocks(masks, b, head, t_len, s_len, &blocks);
-      float* p = p_out ? p_out + d.POffset(b, head) : Scratch(d.q_len * d.kv_len);
+      if (head == j * d.groups || masks.head_stride != 0) RowBlocks(masks, b, head, t_len, s_len, max_rows, &blocks);
+      float* p = p_out ? p_out + d.POffset(b, head) : nullptr;
       const float* q_head = qd + d.QOffset(b, head);
       float* o_head = od + d.QOffset(b, head);
       for (const Block& x : blocks) {
         const int rows = x.t1 - x.t0, keys = x.hi - x.lo;
-        float* p_block = p + x.t0 * s_len + x.lo;
+        // The block's first row of probabilities: in the output, else the scratch's first.
+        float* p_block = (p ? p + x.t0 * s_len : scratch) + x.lo;
         Gemm(false, true, rows, keys, h, scale, q_head + x.t0 * d.q_ld(), d.q_ld(), k_j + x.lo * d.kv_ld(), d.kv_ld(),
              0.0f, p_block, s_len);
         for (int64_t t = x.t0; t < x.t1; ++t) {
           const bool* mask_row = masks.At(b, head, t);
           const float* bias_row = biases.At(b, head, t);
-          SoftmaxRow(p + t * s_len + x.lo, mask_row ? mask_row + x.lo : nullptr, bias_row ? bias_row + x.lo : nullptr,
-                     keys);
+          SoftmaxRow(p_block + (t - x.t0) * s_len, mask_row ? mask_row + x.lo : nullptr,
+                     bias_row ? bias_row + x.lo : nullptr, keys);
         }
         Gemm(false, false, rows, h, keys, 1.0f, p_block, s_len, v_j + x.lo * d.kv_ld(), d.kv_ld(), 0.0f,
              o_head + x.t0 * d.q_ld(), d.q_ld());
-        if (p_out) ZeroOutside(p, x, s_len);
+        if (p) ZeroOutside(p, x, s_len);
       }
     }
   });
@@ -268,27 +285,31 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
   float *dqd = dq->typed_data(), *dkd = dk->typed_data(), *dvd = dv->typed_data();
   if (d.batch * d.kv_len * d.kv_heads * d.head_dim == 0) return ffi::Error::Success();
   const int t_len = d.q_len, s_len = d.kv_len, h = d.head_dim;
+  // Without a dS output, blocks are one scratch block at most.
+  const int64_t max_rows = ds_out ? t_len : ScratchRows(s_len);
   ParallelFor(pool, d.batch * d.kv_heads, [&](int64_t task) {
     const int64_t b = task / d.kv_heads, j = task % d.kv_heads;
     thread_local std::vector<Block> blocks;
     const float *k_j = kd + d.KvOffset(b, j), *v_j = vd + d.KvOffset(b, j);
     float *dk_j = dkd + d.KvOffset(b, j), *dv_j = dvd + d.KvOffset(b, j);
+    float* scratch = ds_out ? nullptr : Scratch(std::min<int64_t>(t_len, max_rows) * s_len);
     // Blocks add to dk and dv over the keys they see; keys no block sees get 0.
     for (int64_t s = 0; s < s_len; ++s) {
       std::fill(dk_j + s * d.kv_ld(), dk_j + s * d.kv_ld() + h, 0.0f);
       std::fill(dv_j + s * d.kv_ld(), dv_j + s * d.kv_ld() + h, 0.0f);
     }
     for (int64_t head = j * d.groups; head < (j + 1) * d.groups; ++head) {
-      if (head == j * d.groups || masks.head_stride != 0) RowBlocks(masks, b, head, t_len, s_len, &blocks);
+      if (head == j * d.groups || masks.head_stride != 0) RowBlocks(masks, b, head, t_len, s_len, max_rows, &blocks);
       const float* p = pd + d.POffset(b, head);
       const float* g = god + d.QOffset(b, head);
       const float* q_head = qd + d.QOffset(b, head);
       float* dq_head = dqd + d.QOffset(b, head);
-      float* ds = ds_out ? ds_out + d.POffset(b, head) : Scratch(d.q_len * d.kv_len);
+      float* ds = ds_out ? ds_out + d.POffset(b, head) : nullptr;
       for (const Block& x : blocks) {
         const int rows = x.t1 - x.t0, keys = x.hi - x.lo;
         const float* p_block = p + x.t0 * s_len + x.lo;
-        float* ds_block = ds + x.t0 * s_len + x.lo;
+        // The block's first row of dS: in the output, else the scratch's first.
+        float* ds_block = (ds ? ds + x.t0 * s_len : scratch) + x.lo;
         const float* g_block = g + x.t0 * d.q_ld();
         Gemm(false, true, rows, keys, h, 1.0f, g_block, d.q_ld(), v_j + x.lo * d.kv_ld(), d.kv_ld(), 0.0f, ds_block,
              s_len);
@@ -296,13 +317,14 @@ ffi::Error AttentionBackward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi:
              d.kv_ld());
         for (int64_t t = x.t0; t < x.t1; ++t) {
           const bool* mask_row = masks.At(b, head, t);
-          SoftmaxGradRow(ds + t * s_len + x.lo, p + t * s_len + x.lo, mask_row ? mask_row + x.lo : nullptr, keys);
+          SoftmaxGradRow(ds_block + (t - x.t0) * s_len, p + t * s_len + x.lo, mask_row ? mask_row + x.lo : nullptr,
+                         keys);
         }
         Gemm(false, false, rows, h, keys, scale, ds_block, s_len, k_j + x.lo * d.kv_ld(), d.kv_ld(), 0.0f,
              dq_head + x.t0 * d.q_ld(), d.q_ld());
         Gemm(true, false, keys, h, rows, scale, ds_block, s_len, q_head + x.t0 * d.q_ld(), d.q_ld(), 1.0f,
              dk_j + x.lo * d.kv_ld(), d.kv_ld());
-        if (ds_out) ZeroOutside(ds, x, s_len);
+        if (ds) ZeroOutside(ds, x, s_len);
       }
     }
   });

@@ -135,10 +135,13 @@ def check_model_and_data(spec: RunSpec, *, multiple_choice: bool, sample_prompt:
 
 
 def checkpoint_metadata(spec: RunSpec, *, vocab_size: int) -> dict:
-    """What `checkpoint info` shows and what a resumed run is checked against."""
+    """What `checkpoint info` shows and what a resumed run is checked against. 'attention' is the
+    implementation the model's attention resolved to here ('auto' resolved; their numerics
+    differ in the last bits): a record only, since a run resumed elsewhere may resolve otherwise."""
     mesh_axes = spec.mesh_axes
     return {
         **spec.model.metadata(),
+        "attention": spec.model.attention(),
         "task": spec.train_data.mixture_or_task_name,
         "vocab_size": vocab_size,
         "sequence_length": spec.train_data.sequence_length,

@@ -135,3 +135,13 @@ def test_refuses_other_dtypes_and_mismatched_shapes():
         kernels.attention(q, k, jnp.ones((1, 5, 2, 8)), scale=1.0)
     with pytest.raises(ValueError, match=r"mask and bias are \[batch or 1, heads or 1"):
         kernels.attention(q, k, v, mask=jnp.ones((1, 3, 4, 4), bool), scale=1.0)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_more_rows_than_one_scratch_block(masked):
+    """300 queries over 4,096 keys: without a probabilities output (forward) or a bias (backward),
+    the kernel keeps 256 rows of scores at a time in scratch (attention.cc's ScratchRows)."""
+    rng = np.random.default_rng(6)
+    q, k, v = _inputs(rng, 1, 300, 4096, 2, 1, 8)
+    mask = rng.random((1, 1, 300, 4096)) > 0.3 if masked else None
+    _assert_matches_reference(q, k, v, mask, None)
