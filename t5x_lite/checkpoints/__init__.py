@@ -18,7 +18,7 @@ Owns:
 
 Public names: `checkpoint.Checkpointer`, `checkpoint.to_saveable`, `checkpoint.check_compatible`,
 `checkpoint.checkpoints_dir`; `lookup.locate`, `lookup.CheckpointNotFoundError`,
-`lookup.DamagedCheckpointError`; `lease.Lease`; `manifest.check`, `manifest.write`;
+`lookup.DamagedCheckpointError`; `lease.Lease`, `lease.live_holder`; `manifest.check`, `manifest.write`;
 `retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `copy_hf_files`,
 `flatten`, `unflatten`; `restored_model.restore`, `RestoredModel`.
 

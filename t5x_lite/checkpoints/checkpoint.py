@@ -2,7 +2,7 @@
 
 Layout of a model directory:
 
-    MODEL_DIR/config.gin              the resolved gin config of the latest run
+    MODEL_DIR/config.gin              the resolved gin config of the run that wrote the checkpoints beside it
     MODEL_DIR/lease.json              the running trainer's lease (lease.py): one writer at a time
     MODEL_DIR/vocab/spm.model         the vocabulary, so the directory is self-contained
     MODEL_DIR/checkpoints/<step>/     state: params, opt_state (float32 whatever the compute
@@ -348,15 +348,18 @@ class Checkpointer:
 
         `check(metadata)` raises CheckpointMismatchError for a checkpoint of another model (that
         is not damage: it stops the run). Returns None when there is no checkpoint, or when every
-        one is incomplete (a run killed before its first save finished: those are moved aside, as
-        nothing finished was ever saved), and raises NoUsableCheckpointError (moving nothing) when
-        there are some but none restores.
+        one is incomplete for want of its manifest alone (a run killed before its first save
+        finished: those are moved aside, as nothing finished was ever saved), and raises
+        NoUsableCheckpointError (moving nothing) when there are some but none restores.
         """
         damaged: list[tuple[int, str, str]] = []  # (step, state, why)
+        unfinished = set()  # steps whose manifest alone is missing (`manifest_due`)
         for step in reversed(self.all_steps()):
             found = self.check(step)
             if not found.readable:
                 damaged.append((step, found.state, found.reason))
+                if found.manifest_due:
+                    unfinished.add(step)
                 continue
             try:
                 metadata = self.metadata(step)
@@ -372,7 +375,7 @@ class Checkpointer:
                 continue
             self._move_all_aside(damaged, warn=warn, then=f" and restored step {step} instead.")
             return step, state, iterator_state, metadata
-        if damaged and all(state == manifest.INCOMPLETE for _, state, _ in damaged):
+        if damaged and all(step in unfinished for step, _, _ in damaged):
             self._move_all_aside(damaged, warn=warn, then=". No save of this run had finished: starting from step 0.")
             return None
         if damaged:

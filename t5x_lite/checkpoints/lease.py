@@ -100,6 +100,13 @@ def read_lease(model_dir: str) -> LeaseInfo | None:
     return None if current is None else current[0]
 
 
+def live_holder(model_dir: str) -> LeaseInfo | None:
+    """The lease's holder when it is live or cannot be judged ('unknown'): a trainer that may be
+    writing `model_dir` now; None when no lease is held or its holder is dead. Never writes."""
+    holder = read_lease(model_dir)
+    return holder if holder is not None and holder_state(holder) in ("live", "unknown") else None
+
+
 def _print_warning(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 

@@ -11,7 +11,9 @@ The state of a step, as every reader and `t5x-lite checkpoint verify` report it:
     good         the manifest matches every file
     damaged      a file is missing, shorter or longer, or its bytes changed
     incomplete   Orbax committed the step but its manifest was never written (the run stopped
-                 in between), or an interrupted save's temporary directory
+                 in between, or a live trainer is writing it now: `manifest_due`); a step with
+                 neither a manifest nor the Orbax metadata a reader starts from (READER_METADATA:
+                 a copy or save that was interrupted); or an interrupted save's temporary directory
     in progress  a temporary directory that a live run is writing
     unverified   saved before manifests existed (restored without a check)
 """
@@ -32,6 +34,9 @@ _CHUNK = 8 << 20
 
 GOOD, DAMAGED, INCOMPLETE, IN_PROGRESS, UNVERIFIED = "good", "damaged", "incomplete", "in progress", "unverified"
 READABLE = (GOOD, UNVERIFIED)  # the states a reader may restore
+# The files a reader opens first (the model's metadata, the arrays' tree): a step without a manifest
+# is unverified only when both are there, and incomplete when one is missing.
+READER_METADATA = ("metadata/metadata", "state/_METADATA")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +47,9 @@ class StepState:
     state: str
     reason: str = ""
     temporary: bool = False  # an Orbax temporary directory rather than a committed step
+    # Incomplete only because its manifest is not there yet: Orbax committed it and its metadata
+    # promises one, which a live trainer writes moments later (eval's watch mode looks again).
+    manifest_due: bool = False
 
     @property
     def readable(self) -> bool:
@@ -163,22 +171,16 @@ def has_manifest(step_dir: str) -> bool:
     return storage.exists(storage.join(step_dir, MANIFEST))
 
 
-def check(step_dir: str, *, step: int, expects_manifest: bool | None = None, sizes_only: bool = False) -> StepState:
-    """The state of a committed step directory (see the module docstring).
+def check(step_dir: str, *, step: int, sizes_only: bool = False) -> StepState:
+    """The state of a committed step directory (see the module docstring); every reader, `train`
+    and `checkpoint verify` judge a step by it.
 
-    `expects_manifest`: whether the step was saved by a version that writes manifests (its
-    metadata says so); None reads that from the step's metadata item. `sizes_only`: compare
-    each file's size and not its bytes (a quick look at a large directory; `good` then means
-    no file is missing, cut short or grown).
+    `sizes_only`: compare each file's size and not its bytes (a quick look at a large directory;
+    `good` then means no file is missing, cut short or grown).
     """
     manifest_path = storage.join(step_dir, MANIFEST)
     if not storage.exists(manifest_path):
-        if expects_manifest is None:
-            expects_manifest = _saved_with_manifest(step_dir)
-        if expects_manifest:
-            return StepState(step, INCOMPLETE, "committed by Orbax but no manifest.json: the run stopped before "
-                                               "the save was finished")
-        return StepState(step, UNVERIFIED, "saved without a manifest, so its bytes cannot be checked")
+        return _without_manifest(step_dir, step)
     try:
         with storage.open(manifest_path, "r") as f:
             files = json.load(f)["files"]
@@ -214,10 +216,27 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def _saved_with_manifest(step_dir: str) -> bool:
-    """Whether the step's metadata item says a manifest was written with it (False if unreadable)."""
+def _without_manifest(step_dir: str, step: int) -> StepState:
+    """A step without manifest.json: incomplete (its save or copy stopped), or unverified (saved
+    before manifests existed, with the metadata a reader needs)."""
+    missing = next((m for m in READER_METADATA if not storage.exists(storage.join(step_dir, *m.split("/")))), None)
+    saved = None if missing else _metadata_item(step_dir)
+    if saved is None:
+        what = f"no {missing}" if missing else f"{READER_METADATA[0]} unreadable"
+        return StepState(step, INCOMPLETE, f"no {MANIFEST} and {what}: a copy or save of the step was interrupted; "
+                                           "copy it again, or remove it")
+    if saved.get("manifest"):
+        return StepState(step, INCOMPLETE, "committed by Orbax but no manifest.json: the run stopped before "
+                                           "the save was finished", manifest_due=True)
+    return StepState(step, UNVERIFIED, "saved without a manifest, so its bytes cannot be checked")
+
+
+def _metadata_item(step_dir: str) -> dict | None:
+    """The step's metadata item (model, task, metrics; whether a manifest was written), or None
+    when it cannot be read."""
     try:
         with storage.open(storage.join(step_dir, "metadata", "metadata"), "r") as f:
-            return bool(json.load(f).get("manifest"))
-    except Exception:  # noqa: BLE001 - no readable metadata: it cannot say
-        return False
+            saved = json.load(f)
+    except Exception:  # noqa: BLE001 - no readable metadata: the caller says so
+        return None
+    return saved if isinstance(saved, dict) else None

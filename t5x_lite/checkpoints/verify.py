@@ -2,7 +2,9 @@
 
 Each committed step is checked against its manifest (manifest.py: sizes and CRC32C of every
 file), and Orbax's temporary directories are reported as `in progress` while a live trainer
-holds the directory's lease (lease.py) and as `incomplete` otherwise. Reads only.
+holds the directory's lease (lease.py) and as `incomplete` otherwise. A step without a manifest
+is `incomplete` too when its metadata promises one, or when it lacks the Orbax metadata a reader
+starts from (an interrupted copy): manifest.check, the rule every reader uses. Reads only.
 Exit status: 0 when no step is damaged or incomplete, 1 when one is, 2 for bad input.
 """
 
@@ -32,12 +34,11 @@ def directory_states(model_dir: str, *, sizes_only: bool = False, steps: Sequenc
     finally:
         reader.close()
     if temporary:
-        holder = lease.read_lease(model_dir)
-        live = holder is not None and lease.holder_state(holder) in ("live", "unknown")
+        holder = lease.live_holder(model_dir)
         for step, path in temporary:
             if steps is not None and step not in steps:
                 continue
-            if live:
+            if holder is not None:
                 states.append(manifest.StepState(step, manifest.IN_PROGRESS, f"being written by {holder.describe()}",
                                                  temporary=True))
             else:

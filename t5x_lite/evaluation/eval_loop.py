@@ -4,7 +4,9 @@ Each evaluated step writes OUTPUT_DIR/step_<N>.json (all results of that step, w
 whole: a killed evaluation leaves no partial file) and its scalars to `metric_writers`
 (TensorBoard under OUTPUT_DIR/tb/ by default; W&B and MLflow: runs of their own, their ids kept
 in OUTPUT_DIR/tracking/); a step whose JSON exists is skipped, so an evaluation that is run
-again, or that follows a training run (`wait_seconds`), evaluates only what is new.
+again, or that follows a training run (`wait_seconds`), evaluates only what is new. A step
+listed before its trainer wrote its manifest is looked at again until it is written
+(MANIFEST_WAIT_SECONDS), never dropped without a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import gin
 import jax
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import checkpoint, lookup, restored_model
+from t5x_lite.checkpoints import checkpoint, lease, lookup, restored_model
 from t5x_lite.data import task_access, task_modules
 from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
@@ -163,7 +165,8 @@ def evaluate(
         task_modules.import_task_module(task_module)
     lookup.require_model_dir(model_dir, "eval")
     named = storage.absolute(model_dir).rstrip("/")
-    model_dir, located = lookup.locate(model_dir)  # fails clearly when there is no checkpoint at all
+    # Fails clearly when there is no checkpoint at all; _watch reports each step it skips.
+    model_dir, located = lookup.locate(model_dir, warn=lambda _: None)
     if model_dir.rstrip("/") != named and step is None and not every_checkpoint:
         step = located  # a step directory (t5x's CHECKPOINT_PATH names one): that step
     output_dir = output_dir or storage.join(model_dir, "eval")
@@ -202,35 +205,82 @@ def evaluate(
     return evaluated
 
 
+# A step Orbax committed whose manifest is not written yet (its trainer writes it right after, taking
+# longer the larger the step) is looked at again while a live trainer holds the model directory, every
+# MANIFEST_POLL_SECONDS (at most poll_seconds), for up to MANIFEST_WAIT_SECONDS; then it is skipped with
+# one warning like a damaged step. Without a live trainer the manifest can never come: skipped at once.
+MANIFEST_WAIT_SECONDS = 300.0
+MANIFEST_POLL_SECONDS = 1.0
+
+
 def _watch(model_dir: str, output_dir: str, *, step: int | None, every_checkpoint: bool, wait_seconds: float,
-           poll_seconds: float, final_step: int | None) -> Iterator[int]:
-    """Yields the steps to evaluate, then (with wait_seconds) new ones as they appear."""
-    last_new = time.monotonic()
-    states: dict[int, Any] = {}  # each step's bytes are checked once (manifest.py), not at every poll
+           poll_seconds: float, final_step: int | None, manifest_wait_seconds: float = MANIFEST_WAIT_SECONDS,
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+           ) -> Iterator[int]:
+    """Yields the steps to evaluate, then (with wait_seconds) new ones as they appear.
+
+    Each step's bytes are checked once (manifest.py), except a step whose manifest is still due
+    (see MANIFEST_WAIT_SECONDS): it is looked at again at each poll, and the loop does not end
+    while one is awaited. `clock` and `sleep` are time.monotonic and time.sleep but in tests.
+    """
+    last_new = clock()
+    states: dict[int, Any] = {}  # each step's final state (manifest.StepState)
+    awaited: dict[int, float] = {}  # steps whose manifest is due -> when first seen without it
     while True:
         checkpointer = checkpoint.Checkpointer(model_dir, read_only=True)
-        available = checkpointer.all_steps()
-        done = {s for s in available if storage.exists(result_path(output_dir, s))}
-        for s in available:
-            if s not in done and s not in states and (step is None or s == step):
-                states[s] = checkpointer.check(s)
-                if not states[s].readable and step is None:
-                    _say(f"WARNING: skipping the checkpoint at {states[s].describe()}")
-        checkpointer.close()
+        try:
+            available = checkpointer.all_steps()
+            done = {s for s in available if storage.exists(result_path(output_dir, s))}
+            found = {s: checkpointer.check(s) for s in available
+                     if s not in done and s not in states and (step is None or s == step)}
+        finally:
+            checkpointer.close()
+        awaited = {s: since for s, since in awaited.items() if s in found}  # gone: deleted by retention
+        writer_live: bool | None = None
+        for s, state in sorted(found.items()):
+            if state.manifest_due:
+                since = awaited.setdefault(s, clock())
+                writer_live = _writer_live(model_dir) if writer_live is None else writer_live
+                if writer_live and clock() - since < manifest_wait_seconds:
+                    continue
+                if writer_live:
+                    state = dataclasses.replace(state, reason="its trainer is running but wrote no manifest.json "
+                                                              f"in {clock() - since:.0f} s")
+            awaited.pop(s, None)
+            states[s] = state
+            if not state.readable and step is None:
+                _say(f"WARNING: skipping the checkpoint at {state.describe()}")
         if step is not None and step in states and not states[step].readable:
             raise lookup.DamagedCheckpointError(
                 f"the checkpoint at {states[step].describe()} in {checkpoint.checkpoints_dir(model_dir)}; "
                 "name another step (`t5x-lite checkpoint verify MODEL_DIR` lists each step's state).")
-        available = [s for s in available if s not in states or states[s].readable]
-        todo = steps_to_evaluate(available, done, step=step, every_checkpoint=every_checkpoint or wait_seconds > 0)
+        ready = [s for s in available if s not in awaited and (s not in states or states[s].readable)]
+        watching = every_checkpoint or wait_seconds > 0
+        # While a manifest is awaited, a named step or "the latest" is chosen once it is known.
+        todo = [] if awaited and (step is not None or not watching) else steps_to_evaluate(
+            ready, done, step=step, every_checkpoint=watching)
         for chosen in todo:
             yield chosen
-            last_new = time.monotonic()
+            last_new = clock()
             if final_step is not None and chosen >= final_step:
+                for s in sorted(awaited):
+                    _say(f"WARNING: not evaluating the checkpoint at step {s}: its manifest was still not written "
+                         f"when step {chosen} (evaluate.final_step) was evaluated")
                 return
-        if step is not None or wait_seconds <= 0 or time.monotonic() - last_new > wait_seconds:
+        if awaited:
+            sleep(min(poll_seconds, MANIFEST_POLL_SECONDS))
+        elif step is not None or wait_seconds <= 0 or clock() - last_new > wait_seconds:
             return
-        time.sleep(poll_seconds)
+        else:
+            sleep(poll_seconds)
+
+
+def _writer_live(model_dir: str) -> bool:
+    """Whether a live trainer holds `model_dir` (so a manifest that is due may still be written)."""
+    try:
+        return lease.live_holder(model_dir) is not None
+    except Exception:  # noqa: BLE001 - a lease that cannot be read: assume a writer, the wait is bounded
+        return True
 
 
 class _Evaluators:
