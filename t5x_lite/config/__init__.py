@@ -3,6 +3,7 @@
 Owns:
   parsing.py        `--gin_file` / `--gin.K=V` / `--gin_search_paths`, search paths, `parse`, `ConfigError`
   registry.py       the configurables a gin file may bind (`train`, `DecoderConfig`, `lm_task`, ...)
+  renames.py        configurables and parameters since renamed, and their successors (for parsing's errors)
   sources.py        every binding of a run in the order gin applies it, with its file:line or flag
   resolve.py        the run followed from its entry point without calling it: each call's values,
                     what overrode what, unused bindings, undefined macros; deferred calls for estimate

@@ -3,7 +3,9 @@
 Flags (same as t5x): `--gin_file=FILE` (repeatable, applied in order), `--gin.KEY=VALUE`
 (a binding, applied after all files), `--gin_search_paths=DIR[,DIR...]`. Files are looked up
 in the search paths, then the current directory, then the project's own gin/ folder, which
-is found both in a checkout and in an installed package.
+is found both in a checkout and in an installed package. A leading UTF-8 byte-order mark (as
+some editors save) is skipped; a configurable or parameter that was renamed is reported with
+its successor (renames.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from typing import Sequence
 import gin
 from gin import resource_reader
 
-from t5x_lite.config import registry
+from t5x_lite.config import registry, renames
 from t5x_lite.data import task_modules
 from t5x_lite.errors import UserError
+
+
+BYTE_ORDER_MARK = "\ufeff"
 
 
 class ConfigError(UserError, ValueError):
@@ -111,6 +116,7 @@ def _noting_files(reading: list[str]):
                 raise ConfigError(f"{path} includes itself: {cycle}; remove the `include` that closes the cycle.")
             with reader(path) as f:
                 reading.append(path)
+                _skip_byte_order_mark(f)
                 yield f
                 reading.pop()  # only when parsed without an error
         return read
@@ -124,11 +130,19 @@ def _noting_files(reading: list[str]):
         readers[:] = original
 
 
+def _skip_byte_order_mark(f) -> None:
+    """Moves text file `f` past a leading UTF-8 byte-order mark, which gin's tokenizer would
+    report as an 'Unexpected token' on a line that looks right."""
+    with contextlib.suppress(AttributeError, OSError, io.UnsupportedOperation):
+        if f.read(1) != BYTE_ORDER_MARK:
+            f.seek(0)
+
+
 def _unclosed_message(error: tokenize.TokenError, path: str | None, bindings: Sequence[str]) -> str:
     """Where a bracket or string opened and never closed, by file and line (or binding)."""
     if path is not None:
         with contextlib.suppress(OSError, UnicodeDecodeError):
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8-sig")
             line, what = _unclosed(text) or (error.args[1][0], "a bracket or string is never closed")
             return f"Cannot parse {path}, line {line}: {what}; the file ends inside it."
         return f"Cannot parse {path}: {error.args[0]}."
@@ -199,7 +213,11 @@ def _quiet_search_misses():
 
 
 def _with_suggestion(message: str) -> str:
-    """Adds 'did you mean' for an unknown configurable or parameter named in a gin error."""
+    """Adds 'did you mean' for an unknown configurable or parameter named in a gin error; one
+    that was renamed is one line naming its successor instead."""
+    renamed = renames.renamed_message(message)
+    if renamed:
+        return renamed
     configurables = registry.own_configurables()
     unknown = re.search(r"No configurable matching (?:reference '@(?:[\w.]+/)*|')([\w.]+)", message)
     if unknown:

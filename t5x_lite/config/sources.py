@@ -104,7 +104,7 @@ def _file_bindings(path: Path, paths: Sequence[str], delegate, *, depth: int) ->
     if depth > MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: includes nest deeper than {MAX_INCLUDE_DEPTH} levels (an include cycle?).")
     shown = display_path(path)
-    for statement in _parse(path.read_text(), delegate, filename=str(path)):
+    for statement in _parse(path.read_text(encoding="utf-8-sig"), delegate, filename=str(path)):
         if isinstance(statement, config_parser.IncludeStatement):
             yield from _file_bindings(find_gin_file(statement.filename, paths), paths, delegate, depth=depth + 1)
         elif isinstance(statement, config_parser.BindingStatement):

@@ -161,6 +161,10 @@ def train(
     plan_epochs = bool(num_epochs) or eval_every.in_epochs or checkpoint_every.in_epochs
     data = startup.build_train_data(spec, placement.batch_sharding, plan_epochs=plan_epochs)
     total_steps = min(s for s in (train_steps, num_epochs and data.steps_per_epoch * num_epochs) if s)
+    # A limit before the latest checkpoint trains nothing: refused before anything is written.
+    startup.check_something_to_train(latest, train_steps=train_steps, num_epochs=num_epochs,
+                                      steps_per_epoch=data.steps_per_epoch if data.by_index else None,
+                                      model_dir=model_dir)
     trainer = trainer_lib.Trainer.for_run(model=model, optimizer=optimizer, total_steps=total_steps,
                                           placement=placement, loss=loss, microbatches=microbatches)
     with contextlib.ExitStack() as cleanup:
@@ -181,6 +185,10 @@ def train(
                                               iterator=data.iterator, metadata=metadata, config_text=config_text,
                                               init_from=init_from, seed=seed, writer=writer,
                                               is_chief=distributed.is_chief())
+        # config.gin describes the checkpoints beside it: the old one goes back if this run saves none.
+        latest_saved = Latest(saved_step=start.restored_step)
+        cleanup.callback(lambda: startup.put_back_config(checkpointer.work_dir, start,
+                                                         saved_step=latest_saved.saved_step))
         # The loop's hooks: the built-in ones in their order (builtin_hooks.py), then the user's.
         built_in, checkpoints = builtin_hooks.builtin_hooks(
             spec=spec, writer=writer, trainer=trainer, placement=placement, iterator=data.iterator,
@@ -202,7 +210,7 @@ def train(
         info = run_steps(
             state=start.state, dropout_rng=start.dropout_rng, trainer=trainer, iterator=data.iterator,
             train_steps=train_steps, num_epochs=num_epochs, hooks=[*built_in, *hooks], run=run,
-            latest=Latest(saved_step=start.restored_step), save_on_stop=checkpoints.save_and_wait,
+            latest=latest_saved, save_on_stop=checkpoints.save_and_wait,
             profiler=profiler, watcher=cleanup.enter_context(PreemptionWatcher()),
             initial_loss_check=initial_loss_check)
     return {**{f"train/{k}": v for k, v in info.latest.train.items()},

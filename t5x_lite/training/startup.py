@@ -3,8 +3,10 @@ check the model directory, build the data iterator, and restore the latest good 
 initialise (from a seed or `init_from`).
 
 The order is what keeps a model directory safe: every check that can fail runs before
-anything is written to it, and this run's config replaces the saved one only once the saved
-state has been accepted (or found absent).
+anything is written to it (a run whose limit lies before the latest checkpoint is refused: it
+could train nothing), and this run's config replaces the saved one only once the saved state has
+been accepted (or found absent). MODEL_DIR/config.gin describes the checkpoints beside it: a
+resumed run that writes none (stopped on a NaN, or already at its limit) puts the old one back.
 """
 
 from __future__ import annotations
@@ -48,6 +50,29 @@ def check_model_dir(model_dir: str, *, metadata: dict, init_from: init_from_lib.
     if latest is None and init_from is not None:
         init_from_lib.resolve(init_from)  # a missing source fails here, before anything is written
     return latest
+
+
+def check_something_to_train(latest: int | None, *, train_steps: int | None, num_epochs: int | None,
+                             steps_per_epoch: int | None, model_dir: str) -> None:
+    """Refuses a run whose step or epoch limit lies before a readable checkpoint in `model_dir`
+    (`latest`: its latest step): it could train nothing. `steps_per_epoch`: exact (data read by
+    index), else None. A run already at its limit is not refused: it is done (evaluates, writes no
+    checkpoint); nor is one past whose limit lie only damaged or incomplete steps (moved aside)."""
+    limits = [(train_steps, f"TRAIN_STEPS is {train_steps}")]
+    if num_epochs and steps_per_epoch:
+        end = num_epochs * steps_per_epoch
+        limits.append((end, f"NUM_EPOCHS={num_epochs} ends at step {end} ({steps_per_epoch} steps per epoch)"))
+    limit, words = min(((s, w) for s, w in limits if s is not None), default=(None, ""))
+    if latest is None or limit is None or latest <= limit:
+        return
+    existing = checkpoint_lib.Checkpointer(model_dir, read_only=True)
+    try:
+        past = [step for step in existing.all_steps() if step > limit and existing.check(step).readable]
+    finally:
+        existing.close()
+    if past:
+        raise RunConfigError(f"Nothing to train: the latest checkpoint in {model_dir} is step {max(past)} and "
+                             f"{words}; raise TRAIN_STEPS (or NUM_EPOCHS) to train further. Nothing was changed.")
 
 
 @contextlib.contextmanager
@@ -186,6 +211,7 @@ class StartingPoint:
     state: TrainState
     dropout_rng: jax.Array
     restored_step: int | None
+    replaced_config: str | None = None  # the config.gin this run replaced on resuming (None: none)
 
 
 def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: checkpoint_lib.Checkpointer,
@@ -216,7 +242,9 @@ def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: chec
             write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
         return StartingPoint(state=state, dropout_rng=dropout_rng, restored_step=None)
     # Only now, with the saved state accepted, does this run's config replace the old one.
+    replaced_config = None
     if is_chief:
+        replaced_config = _read_config(checkpointer.work_dir)
         write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
     writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
     if init_from is not None:
@@ -224,7 +252,25 @@ def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: chec
                      f"run's own checkpoint (step {latest}), and a restarted run resumes rather than starting "
                      "over. To start afresh from init_from, use a new MODEL_DIR.")
     dropout_rng = saved.pop("dropout_rng")
-    return StartingPoint(state=TrainState(**saved), dropout_rng=dropout_rng, restored_step=latest)
+    return StartingPoint(state=TrainState(**saved), dropout_rng=dropout_rng, restored_step=latest,
+                         replaced_config=replaced_config)
+
+
+def put_back_config(work_dir: str, start: StartingPoint, *, saved_step: int | None) -> None:
+    """Puts back the config.gin this run replaced when it resumed, if it saved no checkpoint since
+    (`saved_step` is still the step it resumed from): the checkpoints beside config.gin were all
+    trained with the old settings."""
+    if start.replaced_config is not None and saved_step == start.restored_step:
+        storage.write_whole(storage.join(work_dir, "config.gin"), start.replaced_config)
+
+
+def _read_config(work_dir: str) -> str | None:
+    """MODEL_DIR/config.gin's text, byte for byte (None: there is none)."""
+    path = storage.join(work_dir, "config.gin")
+    if not storage.exists(path):
+        return None
+    with storage.open(path, "rb") as f:
+        return f.read().decode("utf-8")
 
 
 def _initial_state(trainer: Trainer, example: dict, *, model_dir: str, seed: int,
