@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 512
+VALIDATION_FRACTION = 0.27  # of the stdlib subsets prepared for tests (`prepare_stdlib_subset`)
 TINY_MODEL = [
     f"--gin.DecoderConfig.vocab_size={VOCAB}",
     "--gin.DecoderConfig.emb_dim=64",
@@ -148,7 +150,31 @@ def prepare_stdlib_subset(out: Path, packages: list[str]) -> Path:
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     inputs = [f"--input={stdlib / p}" for p in packages]
+    # The packages' .py files only (their __pycache__ is binary, skipped): json/encoder.py is the
+    # validation split of both fixtures (its key's split hash is 0.253).
     result = run_cli("prepare", *inputs, f"--out={out}", f"--vocab_size={VOCAB}",
-                     "--num_shards=2", "--validation_fraction=0.2", "--num_workers=2")
+                     "--num_shards=2", f"--validation_fraction={VALIDATION_FRACTION}", "--num_workers=2")
     assert result.returncode == 0, result.stderr
     return out
+
+
+@contextlib.contextmanager
+def unwritable_directory(path: Path) -> Iterator[Path]:
+    """A new directory at `path` that this process cannot write: immutable (chattr +i) as root, whom
+    permissions do not stop, else mode 555; the test is skipped where neither works. Made writable
+    again afterwards."""
+    import pytest
+
+    path.mkdir()
+    immutable = os.geteuid() == 0 and shutil.which("chattr") and subprocess.run(
+        ["chattr", "+i", str(path)], capture_output=True).returncode == 0
+    if not immutable:
+        path.chmod(0o555)
+    try:
+        if os.access(path, os.W_OK):
+            pytest.skip("no way to make a directory unwritable here (root without chattr +i)")
+        yield path
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(0o755)

@@ -9,7 +9,8 @@ given, and `--batch_size 8` when no --batch_size (model_args' batch_size wins ov
 so a plain `lm-eval --model t5x_lite` cannot: this command imports lm_eval_model.py first.
 
 The model_args are checked, and the checkpoint located, before lm-eval loads its tasks: a
-missing model_dir or a step without a good checkpoint is one line on stderr and exit status 2.
+missing model_dir or a step without a good checkpoint is one line on stderr and exit status 2,
+and so is a task lm-eval does not know (`t5x-lite lm-eval ls tasks` lists them).
 lm-eval is imported only when the command runs, so `t5x-lite --help` stays fast.
 """
 
@@ -23,12 +24,17 @@ from t5x_lite.checkpoints import lookup
 
 MODEL = "t5x_lite"
 PASS_THROUGH = ("ls", "validate")  # lm-eval's other subcommands
+_TASKS_NOT_FOUND = "Tasks not found:"  # how lm-eval 0.4 refuses --tasks it cannot find
 USAGE = ("usage: t5x-lite lm-eval --model_args model_dir=DIR[,step=N,batch_size=8,max_gen_toks=256,seed=0] "
          "--tasks TASK [lm-eval run flags]")
 
 
 class LmEvalMissingError(errors.UserError):
     """lm-evaluation-harness is not installed."""
+
+
+class UnknownTaskError(errors.UserError):
+    """--tasks names a task lm-eval cannot find."""
 
 
 def _has_flag(argv: Sequence[str], *names: str) -> bool:
@@ -89,8 +95,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             sys.argv = saved
         check_model_args(namespace, lm_eval_model)
-        parser.execute(namespace)
+        try:
+            parser.execute(namespace)
+        except ValueError as e:
+            unknown = _unknown_task(e)
+            if unknown is None:
+                raise
+            raise unknown from None
     return 0
+
+
+def _unknown_task(error: ValueError) -> UnknownTaskError | None:
+    """lm-eval's "Tasks not found: a, b" (lm_eval/config/evaluate_config.py) as one line naming the fix."""
+    message = str(error)
+    if not message.startswith(_TASKS_NOT_FOUND):
+        return None
+    names = message[len(_TASKS_NOT_FOUND):].strip()
+    return UnknownTaskError(f"lm-eval has no task {names}: `t5x-lite lm-eval ls tasks` lists them, and "
+                            "--include_path DIR adds tasks of your own (YAML files).")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ Owns:
   sample.py      `t5x-lite sample`, and `sample_texts` (the samples printed during training)
 
 Public names: `decoding.run`, `decode_batch`, `generate_rows`, `generate_batch`, `generate_seq2seq`,
-`beam_search`; `predict.DecodingConfig`,
+`beam_search`, `new_token_limit`; `predict.DecodingConfig`,
 `predict.predict`, `predict.score`; `scoring.score_rows`, `scoring.continuation_logprobs`;
 `infer_loop.infer`; `sample.sample_texts`.
 

@@ -51,6 +51,16 @@ def decode_batch(*, model: BaseModel, params: Any, rows: Sequence[Sequence[int] 
     return run(call, params=params, placement=placement)
 
 
+def new_token_limit(model: BaseModel, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """`max_new_tokens`, capped at the room the model's context leaves after the shortest prompt (the
+    prompt-length rule, `max_prompt_tokens(0)` less the prompt): no row generates more, so buffers sized
+    by it stay small whatever was asked. An encoder-decoder's outputs have no such cap."""
+    longest = model.max_prompt_tokens(0)
+    if longest is None or not prompts:
+        return max_new_tokens
+    return max(0, min(max_new_tokens, longest - min(len(p) for p in prompts)))
+
+
 def generate_rows(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[int]], method: str,
                   max_new_tokens: int, rng: Array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                   eos_id: int = 1, bos_id: int = PAD_ID, zero_is_token: bool = False, use_cache: bool = True,
@@ -60,6 +70,7 @@ def generate_rows(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[i
     if not prompts:
         return []
     model.check_prompts(prompts, max_new_tokens=0)
+    max_new_tokens = new_token_limit(model, prompts, max_new_tokens)
     placement = placement or placement_lib.of_params(params)
     rows, ids = padded(prompts, placement)
     sampling = sampling_settings(temperature, top_k, top_p, zero_is_token=zero_is_token)

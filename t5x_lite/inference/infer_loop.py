@@ -167,6 +167,7 @@ def infer(
     if output is None:
         name = mixture_or_task_name or os.path.splitext(os.path.basename(prompts_file.rstrip("/")))[0]
         output = storage.join(output_dir, f"{name}.jsonl")
+    _check_output(output)
     shard_index, num_shards = _shard(shard_index, num_shards)
     if task_module:
         task_modules.import_task_module(task_module)
@@ -212,6 +213,28 @@ def infer(
     else:
         print(f"shard {shard_index}/{num_shards} done; {output} is joined when every shard has finished", flush=True)
     return counts
+
+
+def _check_output(output: str) -> None:
+    """Where infer writes, checked before the model is restored (as train checks MODEL_DIR): a local OUTPUT is a
+    file whose folder, or the nearest existing one above it, and OUTPUT.parts if it exists, this user can write.
+    Reads, never writes; an object store's errors name themselves when it is written."""
+    if storage.is_url(output):
+        return
+    if os.path.isdir(output):
+        raise ConfigValueError(f"OUTPUT {output!r} is a directory; name the jsonl file to write, or set "
+                               "INFER_OUTPUT_DIR to the directory instead.")
+    existing = os.path.dirname(os.path.abspath(output))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    for folder in [existing, *([parts_dir(output)] if os.path.exists(parts_dir(output)) else [])]:
+        if not os.path.isdir(folder):
+            raise ConfigValueError(f"OUTPUT {output!r} cannot be written: {folder!r} is a file, not a directory; "
+                                   "choose an OUTPUT whose parent folders are directories.")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigValueError(f"{folder!r}, where OUTPUT {output!r} is written, is not writable by this user "
+                                   "(its permissions, or a read-only file system); choose an OUTPUT (or "
+                                   "INFER_OUTPUT_DIR) you can write to.")
 
 
 def _shard(shard_index: int | None, num_shards: int | None) -> tuple[int, int]:

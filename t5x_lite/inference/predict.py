@@ -18,7 +18,7 @@ import numpy as np
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding, scoring
 from t5x_lite.models import BaseModel
-from t5x_lite.models.generation import PAD_ID, STOPPED, sampling_settings, until_eos
+from t5x_lite.models.generation import PAD_ID, STOPPED, check_sampling, sampling_settings, until_eos
 from t5x_lite.parallel import placement as placement_lib
 from t5x_lite.parallel.placement import Placement, RowResults
 
@@ -55,6 +55,7 @@ class DecodingConfig:
             raise ConfigValueError(f"DecodingConfig.method={self.method!r}; choose one of {list(METHODS)}.")
         if self.max_decode_length < 1:
             raise ConfigValueError(f"DecodingConfig.max_decode_length={self.max_decode_length} must be at least 1.")
+        check_sampling(self.temperature, self.top_k, self.top_p, prefix="DecodingConfig.")
 
 
 def check_prompt_lengths(model: BaseModel, prompts: Sequence[Sequence[int]], *, what: str,
@@ -93,7 +94,8 @@ def predict(*, model: BaseModel, params: Any, prompts: Sequence[Sequence[int]], 
     sampled = cfg.method == "sample"
     sampling = sampling_settings(temperature=cfg.temperature if sampled else 0.0, top_k=cfg.top_k if sampled else 0,
                                  top_p=cfg.top_p if sampled else 1.0, zero_is_token=zero_is_token)
-    tokens = RowResults(placement, total=len(prompts), width=cfg.max_decode_length, dtype=np.int32,
+    width = max(1, decoding.new_token_limit(model, prompts, cfg.max_decode_length))  # no row makes more
+    tokens = RowResults(placement, total=len(prompts), width=width, dtype=np.int32,
                         fill=STOPPED if zero_is_token else PAD_ID)
     for b, ids in enumerate(placement_lib.batch_schedule(len(prompts), batch_size or len(prompts), placement)):
         rows = [prompts[i] if i >= 0 else None for i in ids]

@@ -21,6 +21,7 @@ from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError
 from t5x_lite.inference import decoding
 from t5x_lite.models import BaseModel
+from t5x_lite.models.generation import check_sampling
 from t5x_lite.parallel.placement import Placement
 
 
@@ -57,13 +58,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompt", action="append", help="text to continue; repeat the flag for several prompts, "
                         "sampled as one batch as during training (default: an empty prompt)")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
-    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--max_new_tokens", type=int, default=128,
+                        help="at most this many new tokens (fewer when the model's max_len is reached)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 means greedy")
     parser.add_argument("--top_k", type=int, default=40, help="0 disables top-k filtering")
-    parser.add_argument("--top_p", type=float, default=1.0, help="1 disables nucleus filtering")
+    parser.add_argument("--top_p", type=float, default=1.0, help="in (0, 1]; 1 disables nucleus filtering")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     with errors.reported():
+        if args.max_new_tokens < 1:
+            raise ConfigValueError(f"--max_new_tokens={args.max_new_tokens} must be at least 1 (generation also "
+                                   "stops at EOS and when the model's context is full).")
+        check_sampling(args.temperature, args.top_k, args.top_p, prefix="--")
         restored = restored_model.restore(args.model_dir, step=args.step)
         if not restored.config.continues_text:
             raise ConfigValueError(f"{args.model_dir} holds a {restored.config.family} model; `sample` continues "

@@ -159,8 +159,21 @@ def by_rows(x: Array) -> Array:
     return nn.with_logical_constraint(x, ("batch", *([None] * (x.ndim - 1))))
 
 
+def check_sampling(temperature: float, top_k: int, top_p: float, *, prefix: str = "") -> None:
+    """The one rule for sampling settings: temperature >= 0 (0: greedy), top_k >= 0 (0: all tokens), top_p in
+    (0, 1] (1: all tokens); a ConfigValueError names the first bad one as `prefix` + its name (`--`, a flag)."""
+    if not temperature >= 0:  # NaN too
+        raise ConfigValueError(f"{prefix}temperature={temperature} must be >= 0 (0 means greedy).")
+    if not top_k >= 0:
+        raise ConfigValueError(f"{prefix}top_k={top_k} must be >= 0 (0 keeps every token).")
+    if not 0 < top_p <= 1:
+        raise ConfigValueError(f"{prefix}top_p={top_p} must be in (0, 1] (1 keeps every token).")
+
+
 def sampling_settings(temperature: float, top_k: int, top_p: float, *, zero_is_token: bool = False) -> tuple:
-    """Sampling settings as a hashable (static) jit argument; `zero_is_token`: id 0 may be generated."""
+    """Sampling settings, checked (`check_sampling`), as a hashable (static) jit argument; `zero_is_token`:
+    id 0 may be generated."""
+    check_sampling(temperature, top_k, top_p)
     settings = ("temperature", float(temperature)), ("top_k", int(top_k)), ("top_p", float(top_p))
     return settings + ((("zero_is_token", True),) if zero_is_token else ())
 

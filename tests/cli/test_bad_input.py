@@ -6,7 +6,10 @@ a user gets, errors met while reading data) runs the CLI in a subprocess."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import json
+import random
 import shutil
 import signal
 import time
@@ -14,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_helpers import TINY_MODEL, run_cli, run_cli_in_process, start_cli, train, train_in_process
+from tests.cli_helpers import (TINY_MODEL, VALIDATION_FRACTION, run_cli, run_cli_in_process, start_cli, train,
+                               train_in_process)
 
 # What TensorFlow printed on every start of a CPU machine, whatever TF_CPP_MIN_LOG_LEVEL said.
 STARTUP_NOISE = ("Could not find cuda drivers", "failed call to cuInit",
@@ -335,3 +339,45 @@ def test_a_sample_prompt_longer_than_the_context_is_refused_before_anything_is_w
 def test_sample_with_a_prompt_longer_than_the_context_is_one_line(trained_run):
     result = run_cli_in_process("sample", f"--model_dir={trained_run[0]}", "--prompt=" + "def f(x): return x " * 40)
     assert_bad_input(result, "error: prompt 0 has", "max_len=64", "shorten or drop that prompt")
+
+
+def _binaries(folder: Path) -> Path:
+    """A shared library's start, random bytes and a gzip file: what a corpus folder may also hold."""
+    folder.mkdir()
+    rng = random.Random(0)
+    (folder / "lib.so").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(rng.randrange(256) for _ in range(4000)))
+    (folder / "blob.bin").write_bytes(bytes(rng.randrange(256) for _ in range(4000)))
+    (folder / "notes.txt.gz").write_bytes(gzip.compress(b"compressed text is not text " * 200))
+    return folder
+
+
+def test_prepare_of_binary_files_only_is_refused_and_leaves_the_out_dir_alone(data_dir, tmp_path):
+    """Refused whatever --vocab_size says (a small one made the vocabulary trainer refuse, naming it),
+    before anything is written: an earlier dataset in --out survives even with --overwrite."""
+    out = tmp_path / "data"
+    shutil.copytree(data_dir, out)
+    digest = tree_digest(out)
+    result = run_cli_in_process("prepare", f"--input={_binaries(tmp_path / 'bin')}", f"--out={out}",
+                                "--vocab_size=300", "--overwrite")
+    assert_bad_input(result, "error: Every input file is binary, not text: ", "lib.so (NUL bytes)",
+                     "pass those to --input, or select them in a directory with --glob")
+    assert "--vocab_size" not in result.stderr
+    assert tree_digest(out) == digest
+
+
+def test_prepare_skips_stray_binary_files_with_one_warning(tmp_path):
+    import sysconfig
+
+    corpus = _binaries(tmp_path / "code")  # beside the stdlib's json package's sources
+    for path in (Path(sysconfig.get_paths()["stdlib"]) / "json").glob("*.py"):
+        shutil.copy(path, corpus)
+    out = tmp_path / "data"
+    result = run_cli_in_process("prepare", f"--input={corpus}", f"--out={out}", "--vocab_size=512",
+                                f"--validation_fraction={VALIDATION_FRACTION}", "--num_workers=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (warning,) = [line for line in result.stdout.splitlines() if line.startswith("warning: ")]
+    assert warning.startswith("warning: skipped 3 binary files of 8 ")
+    assert all(name in warning for name in ("blob.bin (", "lib.so (NUL bytes)", "notes.txt.gz ("))
+    pieces = [line.split("\t")[0] for line in (out / "spm.vocab").read_text().splitlines()]
+    assert not [piece for piece in pieces if "\ufffd" in piece]  # no piece of undecodable bytes
+    assert json.loads((out / "metadata.json").read_text())["sources"] == f"{corpus} (5 files)"

@@ -237,6 +237,27 @@ def test_max_new_tokens_and_max_len_bound_each_row():
     assert _generate(GPT2, [full]) == [[]]
 
 
+def test_a_huge_max_new_tokens_is_capped_at_what_the_context_leaves():
+    """No row generates more than the context leaves after its prompt, so nothing is sized by more."""
+    assert decoding.new_token_limit(LLAMA, [[3] * 5, [4] * 9], 10**9) == LLAMA.max_len - 1 - 5
+    assert decoding.new_token_limit(LLAMA, [[3] * 5], 4) == 4
+    assert decoding.new_token_limit(LLAMA, [[3] * (LLAMA.max_len - 1)], 4) == 0
+    assert decoding.new_token_limit(T5, [[3]], 10**9) == 10**9  # an encoder-decoder's outputs: no such limit
+    assert _generate(LLAMA, PROMPTS, max_new=10**9) == _generate(LLAMA, PROMPTS, max_new=LLAMA.max_len)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(temperature=-1.0), "temperature=-1.0 must be >= 0"),
+    (dict(temperature=float("nan")), "temperature=nan must be >= 0"),
+    (dict(top_k=-1), "top_k=-1 must be >= 0"),
+    (dict(top_p=0.0), r"top_p=0.0 must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p=1.5 must be in \(0, 1\]"),
+])
+def test_meaningless_sampling_settings_are_refused(settings, message):
+    with pytest.raises(UserError, match=message):
+        _generate(LLAMA, PROMPTS, **{"temperature": 0.8, **settings})
+
+
 def test_too_long_prompt_raises_the_users_error_naming_the_prompt():
     with pytest.raises(PromptTooLongError, match=r"prompt 1 has \d+ tokens.*max_len=") as raised:
         _generate(LLAMA, [PROMPTS[0], [3] * LLAMA.max_len])

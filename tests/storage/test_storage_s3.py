@@ -9,6 +9,7 @@ from t5x_lite import storage
 from t5x_lite.data.preparation import corpus, prepare
 from t5x_lite.data.records import tfrecord_stream
 from t5x_lite.tf_setup import import_tensorflow
+from tests.cli_helpers import VALIDATION_FRACTION
 from tests.conftest import S3_BUCKET as BUCKET
 
 
@@ -20,7 +21,7 @@ def s3_data_dir(s3_server, small_data_dir):
 
     out = f"s3://{BUCKET}/small"
     prepare.prepare(inputs=[str(Path(sysconfig.get_paths()["stdlib"]) / "json")], out_dir=out,
-                    vocab_size=512, num_shards=2, validation_fraction=0.2, num_workers=2,
+                    vocab_size=512, num_shards=2, validation_fraction=VALIDATION_FRACTION, num_workers=2,
                     log=lambda _: None)
     return out
 

@@ -4,9 +4,6 @@ value one UserError naming it (the CLI's one `error:` line and exit 2: tests/cli
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import subprocess
 
 import pytest
 
@@ -19,6 +16,7 @@ from t5x_lite.training import run_values
 from t5x_lite.training.optim import AdamW, WarmupCosine
 from t5x_lite.training.run_spec import RunSpec
 from t5x_lite.training.trainer import LossConfig
+from tests.cli_helpers import unwritable_directory
 
 MODEL = DecoderConfig(vocab_size=512, emb_dim=32, num_heads=2, head_dim=16, mlp_dim=64, num_layers=2, max_len=64)
 TRAIN = DataConfig("t", sequence_length=64, batch_size=8)
@@ -183,25 +181,12 @@ def test_the_model_dir_must_be_a_directory_we_can_write(tmp_path):
 
 
 def test_an_unwritable_model_dir_is_refused(tmp_path):
-    """As root, permissions do not stop writes; an immutable directory (chattr +i) does, and
-    os.access says so. Elsewhere chmod 555 is enough."""
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    immutable = os.geteuid() == 0 and shutil.which("chattr") and subprocess.run(
-        ["chattr", "+i", str(locked)], capture_output=True).returncode == 0
-    if not immutable:
-        locked.chmod(0o555)
-    try:
-        if os.access(locked, os.W_OK):
-            pytest.skip("no way to make a directory unwritable here (root without chattr +i)")
+    """Refused before anything is made (cli_helpers.unwritable_directory)."""
+    with unwritable_directory(tmp_path / "locked") as locked:
         with pytest.raises(RunConfigError, match="locked' is not writable by this user"):
             run_values.check_model_dir(str(locked))
         with pytest.raises(RunConfigError, match="locked', where MODEL_DIR .*/run' would be made, is not writable"):
             run_values.check_model_dir(str(locked / "run"))
-    finally:
-        if immutable:
-            subprocess.run(["chattr", "-i", str(locked)], check=True)
-        locked.chmod(0o755)
 
 
 def test_values_checked_elsewhere_already_stay_refused():

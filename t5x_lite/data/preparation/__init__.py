@@ -2,7 +2,8 @@
 
 Owns:
   prepare.py           `t5x-lite prepare`: its flags, checks and steps in order (local or gs://, s3://)
-  corpus.py            prepare's inputs: files, documents, each one's split, the vocabulary's sample
+  corpus.py            prepare's inputs: files (binary ones skipped), documents, each one's split, the
+                       vocabulary's sample
   spm_vocabulary.py    the SentencePiece vocabulary: trained, checked, written; tokenizing in workers
                        (with it or with a Hugging Face tokenizer)
   shards.py            a prepared directory's TFRecord shards, written; an earlier run's outputs cleared

@@ -4,6 +4,8 @@ Inputs are files, directories (walked in sorted order) or the word `python_stdli
 whole files, or one per line of `.jsonl`/`.jsonl.gz` files, with their text kept exactly. A
 document's split and its place in the vocabulary's sample come from a stable hash of its key (its
 path relative to its input), so they are the same on every machine, in every run, in any order.
+Binary files (`binary_reason`: NUL bytes, or more than 1% of bytes not UTF-8) are skipped, named in one
+warning; inputs that are all binary are refused.
 """
 
 from __future__ import annotations
@@ -15,14 +17,19 @@ import hashlib
 import heapq
 import json
 import os
+import re
 import sysconfig
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from t5x_lite.errors import UserError
 
 PYTHON_STDLIB = "python_stdlib"
 SPLITS = ("train", "validation")
 _STDLIB_EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test", "__pycache__"}
+SNIFF_BYTES = 1 << 20  # the start of each file that is checked for binary content
+MAX_UNDECODABLE_SHARE = 0.01  # more bytes than this share that are not UTF-8: a binary file
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # surrogateescape's stand-in for each byte that is not UTF-8
+_NAMED_SKIPPED = 3  # binary files named in a message; the rest are counted
 
 
 class PrepareError(UserError, ValueError):
@@ -114,6 +121,54 @@ def _walk(root: str, glob: str | None, *, prefix: str | None = None,
             relative = os.path.relpath(path, root).replace(os.sep, "/")
             sources.append(Source(path, f"{prefix}/{relative}"))
     return sources
+
+
+def binary_reason(data: bytes) -> str | None:
+    """Why `data` is not text, or None when it is: it holds a NUL byte, or more than
+    MAX_UNDECODABLE_SHARE of its bytes are not UTF-8. The one rule by which `prepare` skips binary files."""
+    if b"\0" in data:
+        return "NUL bytes"
+    undecodable = len(_UNDECODABLE.findall(data.decode("utf-8", errors="surrogateescape")))
+    if undecodable > MAX_UNDECODABLE_SHARE * len(data):
+        return f"{undecodable / len(data):.0%} of bytes not UTF-8"
+    return None
+
+
+def _head(source: Source) -> bytes:
+    """The first SNIFF_BYTES of what a file holds (its decompressed text for `.jsonl.gz`)."""
+    opener = gzip.open if source.path.endswith(".jsonl.gz") else open
+    try:
+        with opener(source.path, "rb") as f:
+            return f.read(SNIFF_BYTES)
+    except (OSError, EOFError) as e:  # unreadable, or a .jsonl.gz that is not gzip (gzip.BadGzipFile)
+        raise PrepareError(f"{source.path} cannot be read ({e}); fix it or leave it out of --input.") from None
+
+
+def _named(skipped: Sequence[tuple[Source, str]]) -> str:
+    """'a.so (NUL bytes), b.gz (40% of bytes not UTF-8), c.bin (NUL bytes) and 5 more'."""
+    named = ", ".join(f"{source.path} ({reason})" for source, reason in skipped[:_NAMED_SKIPPED])
+    return named + (f" and {len(skipped) - _NAMED_SKIPPED} more" if len(skipped) > _NAMED_SKIPPED else "")
+
+
+def text_sources(sources: Sequence[Source], log: Callable[[str], None] = print) -> list[Source]:
+    """The sources that hold text (`binary_reason` of each one's first SNIFF_BYTES); the binary
+    ones are skipped with one warning naming them, and a PrepareError when nothing is left."""
+    kept, skipped = [], []
+    for source in sources:
+        reason = binary_reason(_head(source))
+        if reason is None:
+            kept.append(source)
+        else:
+            skipped.append((source, reason))
+    if skipped and not kept:
+        raise PrepareError(
+            f"Every input file is binary, not text: {_named(skipped)}. prepare reads UTF-8 text files and "
+            ".jsonl/.jsonl.gz; pass those to --input, or select them in a directory with --glob (e.g. --glob='*.txt').")
+    if skipped:
+        log(f"warning: skipped {len(skipped)} binary file{'s' if len(skipped) > 1 else ''} of {len(sources)} "
+            f"(NUL bytes, or over {MAX_UNDECODABLE_SHARE:.0%} of bytes not UTF-8): {_named(skipped)}; "
+            "--glob selects the text files of a directory.")
+    return kept
 
 
 def iter_documents(sources: Iterable[Source], jsonl_field: str = "text") -> Iterator[Document]:

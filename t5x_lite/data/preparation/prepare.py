@@ -152,7 +152,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
     vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     _check_out_dir(out_dir, overwrite)
     hf_source, hf_vocab = _hf_tokenizer(tokenizer) if tokenizer else (None, None)
-    sources = corpus.resolve_inputs(inputs, glob)
+    sources = corpus.text_sources(corpus.resolve_inputs(inputs, glob), log)  # binary files skipped, named
     survey = corpus.survey(corpus.iter_documents(sources, jsonl_field), seed=seed,
                            validation_fraction=validation_fraction,
                            vocab_sample_bytes=vocab_sample_bytes)
