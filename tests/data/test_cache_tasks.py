@@ -52,10 +52,8 @@ def test_cache_holds_every_split_with_info_and_stats(cache_dir, small_data_dir):
 
 
 def test_use_cached_reads_the_same_examples(cache_dir, small_data_dir):
-    import seqio
-
     name = task_factories.lm_task(name=TASK, data_dir=str(small_data_dir), cache_dir=str(cache_dir))
-    task = seqio.get_mixture_or_task(name)
+    task = task_access.get_task(name)
     assert task.cache_dir == str(cache_dir / TASK)
     for split in ("train", "validation"):
         cached = _examples(task, split, use_cached=True)
