@@ -224,9 +224,7 @@ def _check_output(output: str) -> None:
     if os.path.isdir(output):
         raise ConfigValueError(f"OUTPUT {output!r} is a directory; name the jsonl file to write, or set "
                                "INFER_OUTPUT_DIR to the directory instead.")
-    existing = os.path.dirname(os.path.abspath(output))
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = storage.nearest_existing(os.path.dirname(os.path.abspath(output)))
     for folder in [existing, *([parts_dir(output)] if os.path.exists(parts_dir(output)) else [])]:
         if not os.path.isdir(folder):
             raise ConfigValueError(f"OUTPUT {output!r} cannot be written: {folder!r} is a file, not a directory; "

@@ -18,6 +18,7 @@ from t5x_lite.storage.files import (
                                     join,
                                     listdir,
                                     makedirs,
+                                    nearest_existing,
                                     open,
                                     remove,
                                     remove_tree,
@@ -28,5 +29,5 @@ from t5x_lite.storage.files import (
 )
 
 __all__ = ["S3_PREFIX", "StorageError", "absolute", "bucket_of", "copy", "exists", "glob", "is_s3", "is_url", "join",
-           "listdir", "makedirs", "open", "remove", "remove_tree", "rename", "tensorflow_readable", "walk_files",
+           "listdir", "makedirs", "nearest_existing", "open", "remove", "remove_tree", "rename", "tensorflow_readable", "walk_files",
            "write_whole"]

@@ -45,6 +45,15 @@ def absolute(path: str) -> str:
     return path if is_url(path) else os.path.abspath(os.path.expanduser(path))
 
 
+def nearest_existing(path: str) -> str:
+    """The local `path` made absolute, or the nearest of its parent folders that exists: where a
+    file or directory made at `path` would land (a relative path climbs to the working directory)."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    return existing
+
+
 def join(base: str, *names: str) -> str:
     """Joins path components with `/` for URLs and the OS separator for local paths."""
     return posixpath.join(base, *names) if is_url(base) else os.path.join(base, *names)

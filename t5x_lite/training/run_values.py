@@ -213,9 +213,7 @@ def check_model_dir(model_dir: str) -> None:
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise RunConfigError(f"MODEL_DIR {model_dir!r} is a file, not a directory; choose a directory for the run's "
                              "checkpoints, e.g. --gin.MODEL_DIR=\"'/tmp/my_run'\".")
-    existing = os.path.abspath(model_dir)  # a relative path climbs to the working directory, not to ""
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = storage.nearest_existing(model_dir)
     if not os.path.isdir(existing):
         raise RunConfigError(f"MODEL_DIR {model_dir!r} cannot be created: {existing!r} is a file, not a directory; "
                              "choose a MODEL_DIR whose parent folders are directories.")
