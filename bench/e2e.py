@@ -97,27 +97,22 @@ def blocked_seconds(result: dict) -> list[float]:
     return [float(m.group(1)) for line in result["lines"] if (m := re.search(r"loop blocked ([\d.]+) s", line))]
 
 
-def final_params_equal(dir_a: str, dir_b: str) -> tuple[bool, int]:
-    """Whether the latest checkpoints of two model directories hold bitwise-equal parameters; and their step."""
+def final_params_equal(a, b) -> tuple[bool, int]:
+    """Whether two restored checkpoints hold bitwise-equal parameters; and the first's step."""
     import jax
     import numpy as np
 
-    from t5x_lite.checkpoints import restored_model
-
-    a, b = restored_model.restore(dir_a), restored_model.restore(dir_b)
     leaves_a, leaves_b = jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)
     same = a.step == b.step and len(leaves_a) == len(leaves_b) and all(
         np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
     return same, a.step
 
 
-def jitted_step_tokens_per_second(model_dir: str, s: dict) -> float:
+def jitted_step_tokens_per_second(restored, s: dict) -> float:
     """Tokens/s of the run's own jitted train step called alone on one batch of its shape."""
     import jax
 
-    from t5x_lite.checkpoints import restored_model
-
-    config = restored_model.restore(model_dir).config
+    config = restored.config
     trainer = common.make_trainer(config)
     batch = common.make_batch(config, batch=s["batch_size"], length=s["seq_len"])
     state = trainer.init_state(jax.random.PRNGKey(0), batch)
@@ -129,17 +124,15 @@ def jitted_step_tokens_per_second(model_dir: str, s: dict) -> float:
     return s["batch_size"] * s["seq_len"] / statistics.median(per_step)
 
 
-def eval_tokens_per_second(model_dir: str, data_dir: str, s: dict) -> tuple[float, int]:
+def eval_tokens_per_second(restored, data_dir: str, s: dict) -> tuple[float, int]:
     """Scored tokens/s of `eval`'s strided perplexity over the first 16 validation documents (after a
     warm-up pass, which compiles), and the tokens scored."""
-    from t5x_lite.checkpoints import restored_model
     from t5x_lite.data import task_access, task_factories
     from t5x_lite.data.vocab import tokenizer_files
     from t5x_lite.evaluation import perplexity as perplexity_eval
 
     name = task_factories.lm_task(name="e2e_lm", data_dir=data_dir)
     documents = task_access.split_documents(name, "validation", max_tokens=65536, limit=16)
-    restored = restored_model.restore(model_dir)
     bos_id = tokenizer_files.decoder_start_id(restored.vocabulary())
 
     def score() -> dict:
@@ -153,15 +146,13 @@ def eval_tokens_per_second(model_dir: str, data_dir: str, s: dict) -> tuple[floa
     return tokens / (time.perf_counter() - start), int(tokens)
 
 
-def decode_tokens_per_second(model_dir: str, s: dict) -> float:
+def decode_tokens_per_second(restored, s: dict) -> float:
     """New tokens/s of one greedy batch of the prompts (after a warm-up call of the same shapes)."""
     import jax
 
-    from t5x_lite.checkpoints import restored_model
     from t5x_lite.data.vocab import tokenizer_files
     from t5x_lite.inference import decoding
 
-    restored = restored_model.restore(model_dir)
     vocabulary = restored.vocabulary()
     prompts = [list(vocabulary.encode(p)) for p in PROMPTS]
 
@@ -218,7 +209,10 @@ def _run(s: dict, command: str, tmp: str, *, quick: bool) -> dict:
     require(resumed, "train (resumed)")
     resumed_from = next((m.group(1) for line in resumed["lines"] if (m := re.search(r"[Rr]esum\w* .*?step (\d+)", line))),
                         None)
-    equal, final_step = final_params_equal(dir_a, dir_b)
+    from t5x_lite.checkpoints import restored_model
+
+    restored_a = restored_model.restore(dir_a)  # run A's final checkpoint, read once for every figure below
+    equal, final_step = final_params_equal(restored_a, restored_model.restore(dir_b))
 
     common.progress("e2e: eval, sample, infer")
     evaluated = run_command(cli("eval", "--gin_file=runs/quickstart_eval.gin", f"--gin.DATA_DIR='{data}'",
@@ -241,10 +235,10 @@ def _run(s: dict, command: str, tmp: str, *, quick: bool) -> dict:
         outputs = [json.loads(line) for line in f]
 
     common.progress("e2e: the jitted step alone, decoding")
-    step_rate = jitted_step_tokens_per_second(dir_a, s)
+    step_rate = jitted_step_tokens_per_second(restored_a, s)
     loop_rate = loop_tokens_per_second(run_a)
-    eval_rate, eval_tokens = eval_tokens_per_second(dir_a, data, s)
-    decode_rate = decode_tokens_per_second(dir_a, s)
+    eval_rate, eval_tokens = eval_tokens_per_second(restored_a, data, s)
+    decode_rate = decode_tokens_per_second(restored_a, s)
     blocked = blocked_seconds(run_a)
     rows = [
         ["prepare", f"{prepared['seconds']:.1f}", ""],
