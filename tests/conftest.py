@@ -163,6 +163,19 @@ def s3_server():
             server.stop()
 
 
+@pytest.fixture(scope="module")
+def gcs_server(tmp_path_factory):
+    """A GCS emulator (tests/gcs_emulator.py) on a free 127.0.0.1 port, with a bucket
+    gcs_emulator.BUCKET, and the environment pointing gs:// at it; stopped after."""
+    from tests import gcs_emulator
+
+    with gcs_emulator.running(tmp_path_factory.mktemp("gcs") / "emulator.log") as url, \
+            pytest.MonkeyPatch.context() as env:
+        for key, value in gcs_emulator.environment(url).items():
+            env.setenv(key, value)
+        yield url
+
+
 def pytest_collection_finish(session):
     """bench/common.py turns JAX's persistent cache off when the bench tests import it (its timings
     must be real compiles): on again for the tests that run in this process, unless turned off here."""

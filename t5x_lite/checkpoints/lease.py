@@ -15,9 +15,9 @@ Atomicity: local paths create the file with a hard link of a complete temp file 
 links are unsupported); every other change (renewal, take-over, release, unlock) compares the
 run id under a mutex file `lease.json.takeover` created the same way. `s3://` uses conditional
 writes: create with `If-None-Match: *`, renew and take over with `If-Match: <ETag>`, remove with
-a conditional delete. `gs://` (and any other URL) has no conditional write in this project's
-storage layer: it writes then reads back and compares the run id, which narrows the race but does
-not close it.
+a conditional delete. `gs://` uses generation preconditions: create with `ifGenerationMatch=0`,
+renew, take over and remove with `ifGenerationMatch=<generation read>`. On both stores the server
+decides which of two racing writes wins.
 
 Several processes: only the chief (jax process 0) should acquire the lease; the caller decides.
 """

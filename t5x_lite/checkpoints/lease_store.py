@@ -1,12 +1,13 @@
-"""Where a model directory's lease lives (see lease.py): a local file, an s3 object, another URL.
+"""Where a model directory's lease lives (see lease.py): a local file, an s3 or a gs:// object.
 
-Each store reads the lease with a token (an s3 ETag; empty elsewhere) and changes it only if it
+Each store reads the lease with a token (an s3 ETag, a gs:// generation; empty locally) and changes it only if it
 is still the one expected: `create` (only where none exists), `replace` (renewal, take-over),
 `remove`. Local: a hard link of a complete temp file (O_EXCL where links are unsupported) creates
 the file; `replace` and `remove` compare the run id under a mutex file (`lease.json.takeover`),
 created the same way and broken when its creator is dead. Beside the lease, the holder keeps an
 flock on `lease.<run_id>.lock` for its life. s3: botocore's conditional requests (If-None-Match,
-If-Match). Other URLs (gs://): the storage layer, which has no conditional write: not atomic.
+If-Match). gs://: generation preconditions (ifGenerationMatch: 0 to create, the generation read
+to renew, take over or remove; the token is the generation).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 import uuid
 
 from t5x_lite import storage
+from t5x_lite.storage import gcs_objects
 
 LEASE_FILE = "lease.json"
 MUTEX_SUFFIX = ".takeover"
@@ -397,43 +399,39 @@ class S3Store:
         pass
 
 
-class ObjectStore:
-    """gs:// and other URLs through the storage layer. NOT atomic: it writes, then reads back and
-    compares the run id, so two runs starting within one write's time may both believe they won."""
+class GcsStore:
+    """A lease object on gs://, changed only under generation preconditions: created if absent
+    (ifGenerationMatch=0), renewed, taken over and removed only at the generation read (the token)."""
 
     def __init__(self, model_dir: str):
-        self.dir = model_dir.rstrip("/")
-        self.path = storage.join(self.dir, LEASE_FILE)
+        self.path = storage.join(model_dir.rstrip("/"), LEASE_FILE)
+        self._object = gcs_objects.GcsObject(self.path)
 
     def prepare(self) -> None:
-        storage.makedirs(self.dir)
+        pass
 
     def read(self) -> tuple[LeaseInfo, str] | None:
-        if not storage.exists(self.path):
+        current = self._object.read()
+        if current is None:
             return None
-        with storage.open(self.path, "r") as f:
-            return LeaseInfo.from_json(f.read(), self.path), ""
+        return LeaseInfo.from_json(current[0].decode(), self.path), str(current[1])
 
-    def _write_checked(self, info: LeaseInfo) -> str | None:
-        storage.write_whole(self.path, info.to_json())
+    def _confirmed(self, info: LeaseInfo) -> str | None:
+        """The lease's token if it now holds `info`: a write whose reply was lost and whose retry
+        then failed its precondition may still have been ours."""
         current = self.read()
-        return "" if current is not None and current[0].run_id == info.run_id else None
+        return current[1] if current is not None and current[0].run_id == info.run_id else None
 
     def create(self, info: LeaseInfo) -> str | None:
-        return None if storage.exists(self.path) else self._write_checked(info)
+        generation = self._object.create(info.to_json().encode())
+        return str(generation) if generation is not None else self._confirmed(info)
 
     def replace(self, expected: LeaseInfo, token: str, new: LeaseInfo) -> str | None:
-        current = self.read()
-        if current is None or current[0].run_id != expected.run_id:
-            return None
-        return self._write_checked(new)
+        generation = self._object.replace(new.to_json().encode(), int(token))
+        return str(generation) if generation is not None else self._confirmed(new)
 
     def remove(self, expected: LeaseInfo | None, token: str) -> bool:
-        current = self.read() if expected is not None else None
-        if expected is not None and (current is None or current[0].run_id != expected.run_id):
-            return False
-        storage.remove(self.path)
-        return True
+        return self._object.delete(int(token) if token else None)
 
     hold_lock, drop_lock, cleanup = S3Store.hold_lock, S3Store.drop_lock, S3Store.cleanup
 
@@ -441,7 +439,11 @@ class ObjectStore:
 def store_for(model_dir: str):
     if storage.is_s3(model_dir):
         return S3Store(model_dir)
-    return ObjectStore(model_dir) if storage.is_url(model_dir) else LocalStore(model_dir)
+    if storage.is_gcs(model_dir):
+        return GcsStore(model_dir)
+    if storage.is_url(model_dir):
+        raise storage.StorageError(f"{model_dir!r}: a model directory is local, gs:// or s3://.")
+    return LocalStore(model_dir)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ A writer spec is a frozen dataclass bound in gin (`train.metric_writers = [@Tens
 `MissingExtraError`); `open(run)` starts writing for the run and returns a `Sink`, whose
 `scalars` the `MetricsWriter` calls at each report and whose `close` ends the run with a status.
 A tracking service's run id is kept in MODEL_DIR/tracking/<kind>_run_id, so that a resumed run
-(the same MODEL_DIR) continues the same tracked run. Only process 0 opens sinks (writer.py).
+(the same MODEL_DIR) continues the same tracked run. Only process 0 opens sinks (writer.py); a
+remote writer's sink is written from a background thread (background.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
 from t5x_lite import storage
 from t5x_lite.errors import ConfigValueError, MissingExtraError, UserError
+from t5x_lite.metrics.remote_logdir import RemoteLogdir
 
 TRACKING_SUBDIR = "tracking"
 INSTALL_HINT = "make install-tracking (or pip install 't5x_lite[tracking]')"
@@ -71,7 +73,9 @@ class MetricWriter:
     """Base of the writer specs: where a run's scalars go. Subclasses are frozen dataclasses."""
 
     kind: ClassVar[str] = ""  # names the tracking/<kind>_run_id file
-    remote: ClassVar[bool] = False  # True: a failed write is a warning line, not the end of the run
+    # True (a network backend): its sink runs on a background thread (background.py), so the loop
+    # never waits for it, and a failed write is a warning line, not the end of the run.
+    remote: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -92,12 +96,14 @@ class TensorBoardWriter(MetricWriter):
     kind: ClassVar[str] = "tensorboard"
 
     def open(self, run: RunInfo) -> Sink:
-        return _TensorBoardSink(os.path.join(run.local_dir, "tb"))
+        return _TensorBoardSink(storage.join(run.local_dir, "tb"))
 
 
 class _TensorBoardSink:
     def __init__(self, logdir: str):
-        self._logdir = logdir
+        # A gs:// or s3:// logdir is written locally and copied up (remote_logdir.py).
+        self._remote = RemoteLogdir(logdir) if storage.is_url(logdir) else None
+        self._logdir = self._remote.local if self._remote else logdir
         self._writers: dict[str, Any] = {}
 
     def scalars(self, name: str, step: int, values: Mapping[str, float]) -> None:
@@ -109,10 +115,14 @@ class _TensorBoardSink:
         for key, value in values.items():
             writer.add_scalar(key, float(value), step=step)
         writer.flush()
+        if self._remote:
+            self._remote.sync()
 
     def close(self, status: str) -> None:
         for writer in self._writers.values():
             writer.close()
+        if self._remote:
+            self._remote.close()
 
 
 def import_extra(module: str, writer: str) -> Any:

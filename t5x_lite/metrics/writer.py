@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 
 from tqdm import tqdm
 
-from t5x_lite.metrics import tracking
+from t5x_lite.metrics import background, tracking
 
 DEFAULT_WRITERS = (tracking.TensorBoardWriter(),)
 
@@ -20,7 +20,10 @@ class MetricsWriter:
     status (FINISHED, FAILED, or KILLED for the exceptions in `stopped_by` and signals).
 
     Only the process with `enabled=True` (process 0) opens sinks and writes anything. A remote
-    writer (W&B, MLflow) that fails to write prints a warning line; training goes on.
+    writer's sink (W&B, MLflow) runs on a thread of its own (background.py): a report is queued,
+    never waited for; a full queue drops it, a failed write is a warning line, and closing waits
+    a few seconds at most. TensorBoard writes local files synchronously (under a millisecond
+    a report): a failure there stops the run.
     """
 
     def __init__(self, log_dir: str, *, total_steps: int | None, initial_step: int, enabled: bool = True,
@@ -44,7 +47,10 @@ class MetricsWriter:
                                initial_step=initial_step, say=self.print)
         try:
             for spec in writers:
-                self._sinks.append((spec, spec.open(run)))
+                sink = spec.open(run)
+                if spec.remote:
+                    sink = background.BackgroundSink(sink, name=type(spec).__name__, say=self.print)
+                self._sinks.append((spec, sink))
         except BaseException:
             self.close("FAILED")
             raise
@@ -58,14 +64,8 @@ class MetricsWriter:
     def scalars(self, name: str, step: int, values: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        for spec, sink in self._sinks:
-            try:
-                sink.scalars(name, step, values)
-            except Exception as e:  # noqa: BLE001 - a tracking server that is down must not stop training
-                if not spec.remote:
-                    raise
-                self.print(f"warning: {type(spec).__name__} could not write {name} at step {step}: "
-                           f"{tracking.first_line(e)}")
+        for _, sink in self._sinks:
+            sink.scalars(name, step, values)  # a remote writer's only queues it (its failures are warnings)
 
     def progress(self, step: int, values: Mapping[str, float]) -> None:
         """Advances the bar to `step` and shows loss and tokens/s on it (or prints a line)."""
@@ -84,9 +84,13 @@ class MetricsWriter:
 
     def close(self, status: str = "FINISHED") -> None:
         """Closes the bar and each sink (`status`: FINISHED, FAILED or KILLED); a sink that fails to
-        close prints a warning line (its error must not hide the run's own)."""
+        close prints a warning line (its error must not hide the run's own). The remote sinks close
+        together, in a few seconds at most (background.CLOSE_TIMEOUT_S), whatever their backend."""
         self._bar.close()
         sinks, self._sinks = self._sinks, []
+        for _, sink in sinks:
+            if isinstance(sink, background.BackgroundSink):
+                sink.begin_close(status)
         for spec, sink in sinks:
             try:
                 sink.close(status)

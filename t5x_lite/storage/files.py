@@ -1,11 +1,7 @@
 """File operations on paths that may be local, `gs://...` or `s3://...`.
 
-Local paths go through the standard library, so checkpoints, leases and manifests on local
-disk need no TensorFlow (it stays the data path's). `gs://` goes through `tf.io.gfile`, which
-reads it natively. `s3://` goes through fsspec's s3fs: TensorFlow 2.21 has no s3 filesystem without tensorflow-io, and
-etils.epath picks TensorFlow's backend whenever TensorFlow is importable. s3fs takes its
-credentials, region and endpoint from the usual AWS settings (`AWS_ACCESS_KEY_ID`,
-`AWS_PROFILE`, `AWS_ENDPOINT_URL` for S3-compatible stores, ...).
+Local paths go through the standard library; `gs://` and `s3://` through their fsspec
+filesystems (object_stores.py: gcsfs and s3fs), so no path needs TensorFlow.
 """
 
 from __future__ import annotations
@@ -19,15 +15,10 @@ import shutil
 import tempfile
 from typing import IO
 
-from t5x_lite.errors import MissingExtraError, UserError
-from t5x_lite.tf_setup import import_tensorflow
+from t5x_lite.storage import object_stores
+from t5x_lite.storage.object_stores import GCS_PREFIX, S3_PREFIX, StorageError
 
-S3_PREFIX = "s3://"
 _CHUNK_BYTES = 8 << 20
-
-
-class StorageError(UserError, OSError):
-    """A path cannot be reached (missing bucket, no credentials); the message names the fix."""
 
 
 def is_url(path: str) -> bool:
@@ -36,8 +27,13 @@ def is_url(path: str) -> bool:
 
 
 def is_s3(path: str) -> bool:
-    """Whether `path` is an `s3://` URL (served by s3fs rather than TensorFlow)."""
+    """Whether `path` is an `s3://` URL."""
     return path.startswith(S3_PREFIX)
+
+
+def is_gcs(path: str) -> bool:
+    """Whether `path` is a `gs://` URL."""
+    return path.startswith(GCS_PREFIX)
 
 
 def absolute(path: str) -> str:
@@ -59,85 +55,60 @@ def join(base: str, *names: str) -> str:
     return posixpath.join(base, *names) if is_url(base) else os.path.join(base, *names)
 
 
-def _s3():
-    """The s3 filesystem; fsspec keeps one instance per process (and makes a new one after a fork)."""
-    import s3fs  # s3fs (and aiobotocore) load slowly; only s3:// paths need them
-
-    return s3fs.S3FileSystem()
-
-
-def _gfile():
-    """TensorFlow's tf.io.gfile, which reads gs:// paths; MissingExtraError when it is not installed."""
-    try:
-        return import_tensorflow().io.gfile
-    except ImportError:
-        raise MissingExtraError("gs:// paths are read through TensorFlow's tf.io.gfile, and TensorFlow is not "
-                                "installed: pip install 't5x-lite[seqio]' (or `make install`), or use a local "
-                                "or s3:// path.") from None
+def _remote(path: str, operation: str, *args, **kwargs):
+    """Calls the fsspec `operation` of `path`'s object store, its failures as one-line StorageErrors."""
+    fs = object_stores.call(path, object_stores.filesystem, path)
+    return object_stores.call(path, getattr(fs, operation), *args, **kwargs)
 
 
-def s3_endpoint() -> str:
-    """The S3 endpoint s3fs (botocore) uses: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else AWS's own."""
-    return (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-            or "AWS's default S3 endpoint")
+def _with_scheme(path: str, found: list[str]) -> list[str]:
+    """fsspec's scheme-less results (`bucket/key`) in `path`'s form (`gs://bucket/key`)."""
+    scheme = path.split("://", 1)[0] + "://"
+    return sorted(p if "://" in p else scheme + p for p in found)
 
 
-def _s3_call(path: str, fn, *args, **kwargs):
-    """Calls s3fs, turning missing credentials and an endpoint that does not answer into a
-    StorageError that names the path, the endpoint and what to set."""
-    from botocore import exceptions as boto  # only s3:// paths need it
-
-    try:
-        return fn(*args, **kwargs)
-    except (boto.NoCredentialsError, boto.PartialCredentialsError) as e:
-        raise StorageError(
-            f"Cannot reach {path!r}: {e}. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
-            "AWS_PROFILE), and AWS_ENDPOINT_URL for an S3-compatible store."
-        ) from None
-    except (boto.ConnectionError, boto.HTTPClientError) as e:
-        raise StorageError(
-            f"Cannot reach {path!r}: the S3 endpoint {s3_endpoint()} does not answer ({type(e).__name__}). "
-            "Check AWS_ENDPOINT_URL (an S3-compatible store's address) and the network."
-        ) from None
+def check_bucket(path: str) -> None:
+    """StorageError naming the fix when the bucket of URL `path` does not exist or cannot be
+    reached (credentials, endpoint); nothing for local paths."""
+    if not is_url(path):
+        return
+    bucket = bucket_of(path)
+    if not _remote(path, "exists", bucket):
+        where = object_stores.gcs_endpoint() if is_gcs(path) else object_stores.s3_endpoint()
+        raise StorageError(f"Bucket {bucket} of {path!r} does not exist (at {where}) or these credentials cannot "
+                           "see it; create it, or fix the name or the credentials.")
 
 
 def exists(path: str) -> bool:
     """Whether a file or directory (for s3, an object or a prefix holding objects) exists."""
-    if is_s3(path):
-        return _s3_call(path, _s3().exists, path)
-    return _gfile().exists(path) if is_url(path) else os.path.exists(path)
+    return _remote(path, "exists", path) if is_url(path) else os.path.exists(path)
 
 
 def glob(pattern: str) -> list[str]:
     """The paths matching a glob `pattern`, sorted, in the same form (scheme kept)."""
-    if is_s3(pattern):
-        return sorted(S3_PREFIX + p for p in _s3_call(pattern, _s3().glob, pattern))
-    return sorted(_gfile().glob(pattern) if is_url(pattern) else globbing.glob(pattern))
+    if is_url(pattern):
+        return _with_scheme(pattern, _remote(pattern, "glob", pattern))
+    return sorted(globbing.glob(pattern))
 
 
 def listdir(path: str) -> list[str]:
     """Names (not paths) of the entries directly inside directory `path`, sorted."""
-    if is_s3(path):
-        entries = _s3_call(path, _s3().ls, path, detail=False)
+    if is_url(path):
+        entries = _remote(path, "ls", path, detail=False)
         return sorted(posixpath.basename(e.rstrip("/")) for e in entries)
-    names = _gfile().listdir(path) if is_url(path) else os.listdir(path)
-    return sorted(name.rstrip("/") for name in names)
+    return sorted(os.listdir(path))
 
 
 def makedirs(path: str) -> None:
-    """Creates directory `path` and its parents; nothing to do on s3, which has no directories."""
+    """Creates directory `path` and its parents; nothing to do on object stores, which have none."""
     if not is_url(path):
         os.makedirs(path, exist_ok=True)
-    elif not is_s3(path):
-        _gfile().makedirs(path)
 
 
 def open(path: str, mode: str = "rb") -> IO:  # noqa: A001 - the module's own open
     """A file object for `path` in `mode` ('r', 'rb', 'w', 'wb')."""
-    if is_s3(path):
-        return _s3_call(path, _s3().open, path, mode, block_size=_CHUNK_BYTES)
     if is_url(path):
-        return _gfile().GFile(path, mode)
+        return _remote(path, "open", path, mode, block_size=_CHUNK_BYTES)
     return builtins.open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
@@ -157,20 +128,17 @@ def write_whole(path: str, text: str) -> None:
 
 def remove(path: str) -> None:
     """Deletes file `path`."""
-    if is_s3(path):
-        _s3_call(path, _s3().rm_file, path)
-    elif is_url(path):
-        _gfile().remove(path)
+    if is_url(path):
+        _remote(path, "rm_file", path)
     else:
         os.remove(path)
 
 
 def walk_files(path: str) -> list[str]:
     """Every file under directory `path` (recursively), as full paths in `path`'s form, sorted."""
-    if is_s3(path):
-        return sorted(S3_PREFIX + p for p in _s3_call(path, _s3().find, path))
-    walk = _gfile().walk if is_url(path) else os.walk
-    return sorted(join(root, name) for root, _, names in walk(path) for name in names)
+    if is_url(path):
+        return _with_scheme(path, _remote(path, "find", path))
+    return sorted(os.path.join(root, name) for root, _, names in os.walk(path) for name in names)
 
 
 def rename(source: str, destination: str) -> None:
@@ -185,15 +153,12 @@ def rename(source: str, destination: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """Deletes directory `path` and everything under it (for s3, every object under the prefix)."""
-    if is_s3(path):
-        if _s3_call(path, _s3().exists, path):
-            _s3_call(path, _s3().rm, path, recursive=True)
-    elif not is_url(path):
-        if os.path.exists(path):
-            shutil.rmtree(path)
-    elif _gfile().exists(path):
-        _gfile().rmtree(path)
+    """Deletes directory `path` and everything under it (on object stores, every object under the prefix)."""
+    if is_url(path):
+        if _remote(path, "exists", path):
+            _remote(path, "rm", path, recursive=True)
+    elif os.path.exists(path):
+        shutil.rmtree(path)
 
 
 def copy(source: str, destination: str) -> None:
@@ -216,7 +181,7 @@ def tensorflow_readable(path: str) -> str:
     """
     if not is_s3(path):
         return path
-    info = _s3_call(path, _s3().info, path)
+    info = _remote(path, "info", path)
     version = hashlib.sha256(f"{path}|{info.get('ETag')}|{info.get('size')}".encode()).hexdigest()
     local = os.path.join(tempfile.gettempdir(), "t5x_lite_s3", version[:20], posixpath.basename(path))
     if not os.path.exists(local):

@@ -1,4 +1,5 @@
-"""One writer per model directory: the lease, with real processes (local) and moto's S3 server (s3://)."""
+"""One writer per model directory: the lease, with real processes (local), moto's S3 server (s3://)
+and a GCS emulator (gs://)."""
 
 import dataclasses
 import json
@@ -14,8 +15,9 @@ import pytest
 
 from t5x_lite import storage
 from t5x_lite.checkpoints import lease
-from t5x_lite.checkpoints.lease_store import LocalStore, ObjectStore, S3Store
+from t5x_lite.checkpoints.lease_store import GcsStore, LocalStore, S3Store
 from tests.conftest import S3_BUCKET
+from tests.gcs_emulator import BUCKET as GCS_BUCKET
 
 HOST = socket.gethostname()
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -277,34 +279,25 @@ def test_storage_errors_are_one_line(tmp_path):
         lease.Lease.acquire(str(blocked / "run"))
 
 
-def test_other_urls_write_then_read_back(tmp_path):
-    """The gs:// store (storage layer, not atomic), driven here on a local path."""
-    store = ObjectStore(str(tmp_path / "run"))
-    store.prepare()
-    now = time.time()
-    mine = lease.LeaseInfo(HOST, 1, now, now, "a" * 32, store.path)
-    theirs = lease.LeaseInfo(HOST, 2, now, now, "b" * 32, store.path)
-    assert store.create(mine) == "" and store.create(theirs) is None
-    assert store.read() == (mine, "")
-    assert store.replace(theirs, "", theirs) is None and store.replace(mine, "", theirs) == ""
-    assert not store.remove(mine, "") and store.remove(theirs, "") and store.read() is None
-
-
-def test_s3_conditional_create_renew_take_over_and_release(s3_server):
-    model_dir = f"s3://{S3_BUCKET}/lease-run"
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_conditional_create_renew_take_over_and_release(scheme, request):
+    """s3: If-None-Match / If-Match on the ETag (moto); gs: ifGenerationMatch (the GCS emulator)."""
+    request.getfixturevalue("s3_server" if scheme == "s3" else "gcs_server")
+    model_dir = f"{scheme}://{S3_BUCKET if scheme == 's3' else GCS_BUCKET}/lease-run"
     first = lease.Lease.acquire(model_dir)
     with pytest.raises(lease.LeaseHeldError, match=rf"pid {os.getpid()} on host {HOST}.*expires unless renewed"):
         lease.Lease.acquire(model_dir)
-    assert lease.read_lease(model_dir).run_id == first.info.run_id  # the second put was refused (If-None-Match)
+    assert lease.read_lease(model_dir).run_id == first.info.run_id  # the second create was refused
 
-    store = S3Store(model_dir)
+    store = (S3Store if scheme == "s3" else GcsStore)(model_dir)
     _, etag = store.read()
     first.renew()
     _, renewed_etag = store.read()
     assert renewed_etag != etag
     stale = dataclasses.replace(first.info, run_id=uuid.uuid4().hex)
-    assert store.replace(first.info, etag, stale) is None  # If-Match on an old ETag
-    assert not store.remove(first.info, etag)
+    assert store.replace(first.info, etag, stale) is None  # an old ETag / generation
+    if scheme == "s3":  # fake-gcs-server does not check a delete's ifGenerationMatch (GCS does)
+        assert not store.remove(first.info, etag)
     first.release()
     assert lease.read_lease(model_dir) is None
 
@@ -328,3 +321,19 @@ def test_s3_missing_bucket_is_a_storage_error(s3_server):
     with pytest.raises(storage.StorageError, match="bucket s3://no-such-bucket-lease does not exist"):
         lease.Lease.acquire("s3://no-such-bucket-lease/run")
 
+
+def test_gcs_racing_processes_exactly_one_wins(gcs_server):
+    model_dir = f"gs://{GCS_BUCKET}/lease-race"
+    procs = _start(model_dir, 4)
+    outcomes = [_outcome(proc) for proc in procs]
+    winners = [rest for _, kind, rest in outcomes if kind == "won"]
+    assert len(winners) == 1, outcomes
+    assert all("is in use by another run (pid" in rest for _, kind, rest in outcomes if kind == "held"), outcomes
+    assert lease.read_lease(model_dir).pid == int(winners[0])
+    _finish(procs)
+    assert lease.read_lease(model_dir) is None
+
+
+def test_gcs_missing_bucket_is_a_storage_error(gcs_server):
+    with pytest.raises(storage.StorageError, match=f"bucket gs://{GCS_BUCKET}-missing does not exist"):
+        lease.Lease.acquire(f"gs://{GCS_BUCKET}-missing/run")

@@ -3,6 +3,8 @@
 The whole-run tests share two short training runs of one MODEL_DIR (to step 4, then resumed to
 step 6) that write to all three writers at once; the MLflow server is a subprocess of this test
 module, started before the first test so that it boots while the missing-package run goes.
+The module's last test kills that server in the middle of a run (a test after it would find no
+server: pytest and its xdist workers keep a module's tests in file order).
 """
 
 from __future__ import annotations
@@ -123,7 +125,9 @@ def test_a_remote_writer_that_fails_warns_and_the_run_status_reaches_it(tmp_path
         writer.scalars("train", 4, {"loss": 1.5})
         writer.scalars("eval", 4, {"loss": 2.0})
     assert spec.log == [("open", 2, {"train.seed": "0"}), ("train", 4, {"loss": 1.5}), ("close", "FINISHED")]
-    assert "warning: _Recording could not write eval at step 4: server gone\n" in capsys.readouterr().out
+    assert capsys.readouterr().out == (
+        "warning: _Recording could not write eval at step 4: server gone (further failures are counted until a "
+        "write succeeds)\nwarning: _Recording: 1 of 2 reports were not written: 1 failed.\n")
     for error, status in ((ValueError("bug"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
                           (Preempted(4, "received SIGTERM"), "KILLED")):
         spec = _Recording()
@@ -235,6 +239,8 @@ def tracked_runs(small_data_dir, tmp_path_factory, mlflow_server):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Resuming from the checkpoint at step 4" in second.stdout
     assert "MlflowWriter: 2 gin value(s) changed" in second.stdout  # TRAIN_STEPS and train.train_steps
+    for run in (first, second):  # a healthy backend: every report written, none dropped or failed
+        assert "warning:" not in run.stdout, run.stdout
     return _Runs(model_dir=model_dir, first_config=first_config, first_wandb_runs=first_wandb_runs,
                  url=mlflow_server.url)
 
@@ -336,3 +342,70 @@ def test_wandb_offline_run_holds_the_metrics_and_config_and_keeps_its_id(tracked
     expected = {k: tracking.literal(v) for k, v in tracking.flat_config(tracked_runs.first_config).items()}
     assert config["train.log_period"] == 2 and config["TRAIN_STEPS"] == 4 and config["MODEL_DIR"] == str(model_dir)
     assert set(expected) <= set(config)
+
+
+# ---------------------------------------------------------------- a server that dies mid-run (last: it kills it)
+
+def _step_times(lines: list[tuple[float, str]]) -> dict[int, float]:
+    """{step: when its `step N: loss=...` line arrived}."""
+    import re
+
+    return {int(m.group(1)): at for at, line in lines if (m := re.match(r"step (\d+): loss=", line))}
+
+
+def test_a_killed_mlflow_server_never_holds_the_loop_and_sigterm_still_exits_75(small_data_dir, tmp_path,
+                                                                                 mlflow_server):
+    """The module's server is killed (SIGKILL) at step KILL_AT of a run that reports every step:
+    the steps after it take as long as before (MLflow's retries of each write, minutes, happen
+    on the writer's thread), and SIGTERM still saves and exits 75 in seconds."""
+    import statistics
+    import threading
+
+    from t5x_lite.metrics import background
+    from tests.cli_helpers import start_cli
+
+    kill_at, after = 8, 12
+    mlflow_server.wait_until_ready()
+    process = start_cli("train", "--gin_file=runs/quickstart.gin", f"--gin.DATA_DIR='{small_data_dir}'",
+                        f"--gin.MODEL_DIR='{tmp_path / 'run'}'", *TINY_MODEL, "--gin.TRAIN_STEPS=100000",
+                        "--gin.train.log_period=1", "--gin.train.checkpoint_period=0", "--gin.train.progress_bar=False",
+                        "--gin.train.metric_writers=[@MlflowWriter()]",
+                        f"--gin.MlflowWriter.tracking_uri='{mlflow_server.url}'")
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend((time.monotonic(), line) for line in process.stdout),
+                              daemon=True)
+    reader.start()
+
+    def wait_for_step(step: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while step not in _step_times(list(lines)):
+            assert process.poll() is None and time.monotonic() < deadline, "".join(line for _, line in lines)[-3000:]
+            time.sleep(0.02)
+
+    try:
+        wait_for_step(kill_at, timeout=120)
+        os.killpg(mlflow_server.process.pid, signal.SIGKILL)
+        mlflow_server.process.wait(timeout=10)
+        killed = time.monotonic()
+        wait_for_step(kill_at + after, timeout=60)
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(timeout=10)
+    output = "".join(line for _, line in lines)
+    assert process.returncode == 75, output[-3000:]
+    times = _step_times(lines)
+    before = [times[s] - times[s - 1] for s in range(3, kill_at + 1)]  # steps 1-2 compile
+    later = [times[s] - times[s - 1] for s in sorted(times) if s - 1 in times and times[s - 1] >= killed]
+    assert len(later) >= after - 2, (killed, times)
+    # Before the fix the first write after the kill held its step for 4 s, the next for 8 s, ...
+    assert statistics.median(later) <= statistics.median(before) + 0.2, (before, later)
+    assert max(later) < max(before) + 1.0, (before, later)
+    assert took < background.CLOSE_TIMEOUT_S + 10, output[-3000:]
+    assert "Traceback" not in output
+    assert f"warning: MlflowWriter could not end its run as KILLED within {background.CLOSE_TIMEOUT_S:g} s" in output

@@ -13,17 +13,47 @@ from tests.cli_helpers import VALIDATION_FRACTION
 from tests.conftest import S3_BUCKET as BUCKET
 
 
-@pytest.fixture(scope="module")
-def s3_data_dir(s3_server, small_data_dir):
-    """`small_data_dir`'s inputs and options, prepared straight to s3."""
+def prepare_small(out: str) -> str:
+    """`small_data_dir`'s inputs and options, prepared straight to `out` (an object store)."""
     import sysconfig
     from pathlib import Path
 
-    out = f"s3://{BUCKET}/small"
     prepare.prepare(inputs=[str(Path(sysconfig.get_paths()["stdlib"]) / "json")], out_dir=out,
                     vocab_size=512, num_shards=2, validation_fraction=VALIDATION_FRACTION, num_workers=2,
                     log=lambda _: None)
     return out
+
+
+def assert_same_files(remote: str, local_dir) -> None:
+    names = sorted(p.name for p in local_dir.iterdir())
+    assert storage.listdir(remote) == names
+    for name in names:
+        with storage.open(f"{remote}/{name}", "rb") as f:
+            assert f.read() == (local_dir / name).read_bytes(), name
+
+
+def assert_same_indexed_batches(remote: str, local: str) -> None:
+    """Reading by index from `remote` (each record a ranged read, CRC-checked) gives `local`'s batches."""
+    from t5x_lite.data import task_access, task_factories
+    from t5x_lite.data.indexed import index_plan, indexed_input
+
+    batches = []
+    for data_dir in (remote, local):
+        name = f"test_indexed_{abs(hash(data_dir))}"
+        plan, why = index_plan.plan(task_access.DataConfig(task_factories.lm_task(name=name, data_dir=data_dir),
+                                                           sequence_length=64, batch_size=4))
+        assert plan is not None, why
+        iterator = indexed_input.IndexedBatchIterator(plan, num_epochs=1, host_batch_size=4)
+        batches.append([next(iterator) for _ in range(3)])
+        iterator.close()
+    for remote_batch, local_batch in zip(*batches):
+        for key in local_batch:
+            np.testing.assert_array_equal(remote_batch[key], local_batch[key])
+
+
+@pytest.fixture(scope="module")
+def s3_data_dir(s3_server, small_data_dir):
+    return prepare_small(f"s3://{BUCKET}/small")
 
 
 def test_storage_functions_on_s3(s3_server, tmp_path):
@@ -52,12 +82,7 @@ def test_storage_functions_on_s3(s3_server, tmp_path):
 
 
 def test_prepare_to_s3_uploads_the_same_files(s3_data_dir, small_data_dir):
-
-    names = sorted(p.name for p in small_data_dir.iterdir())
-    assert storage.listdir(s3_data_dir) == names
-    for name in names:
-        with storage.open(f"{s3_data_dir}/{name}", "rb") as f:
-            assert f.read() == (small_data_dir / name).read_bytes(), name
+    assert_same_files(s3_data_dir, small_data_dir)
 
 
 def test_prepare_refuses_a_missing_bucket_or_a_prepared_prefix(s3_data_dir, small_data_dir):
@@ -95,20 +120,7 @@ def test_lm_task_over_s3_reads_what_the_local_directory_holds(s3_data_dir, small
 
 
 def test_reading_by_index_over_s3_gives_the_local_batches(s3_data_dir, small_data_dir):
-    """The index read whole, each record a ranged read through storage (CRC-checked)."""
-    from t5x_lite.data import task_access, task_factories
-    from t5x_lite.data.indexed import index_plan, indexed_input
-    batches = []
-    for name, data_dir in (("test_s3_indexed", s3_data_dir), ("test_local_indexed", str(small_data_dir))):
-        plan, why = index_plan.plan(task_access.DataConfig(task_factories.lm_task(name=name, data_dir=data_dir),
-                                                           sequence_length=64, batch_size=4))
-        assert plan is not None, why
-        iterator = indexed_input.IndexedBatchIterator(plan, num_epochs=1, host_batch_size=4)
-        batches.append([next(iterator) for _ in range(3)])
-        iterator.close()
-    for remote, local in zip(*batches):
-        for key in local:
-            np.testing.assert_array_equal(remote[key], local[key])
+    assert_same_indexed_batches(s3_data_dir, str(small_data_dir))
 
 
 @pytest.mark.parametrize("data_dir", [f"s3://{BUCKET}/no-such-prefix", "s3://no-such-bucket/small"])
