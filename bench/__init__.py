@@ -6,6 +6,7 @@
   throughput     train tokens/s and MFU of the LLaMA, GPT-2 and T5 families, fp32 and bf16
   loop_overhead  training.loop.train and Trainer.train_step tokens/s vs. a bare jitted step of the same model
   input_pipeline input pipeline tokens/s vs. train-step consumption; epoch counting; iterator restore
+  prepare_formats  prepare MB/s of the same text as .jsonl, .jsonl.gz, .jsonl.zst and .parquet
   checkpoint     checkpoint save/restore GB/s vs. the disk's dd speed; async save blocked time
   decoding       generation tokens/s, KV cache vs. recompute; T5 beam search
   evaluation     eval throughput: strided perplexity tokens/s, multiple-choice examples/s

@@ -19,6 +19,7 @@ from bench import (
     loop_overhead,
     matmul_peak,
     matmul_shapes,
+    prepare_formats,
     remat_memory,
     step_ab,
     step_profile,
@@ -31,7 +32,8 @@ BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_m
               "throughput": throughput, "loop_overhead": loop_overhead, "gpu_decoders": gpu_decoders,
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
               "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models,
-              "step_profile": step_profile, "step_ab": step_ab, "matmul_shapes": matmul_shapes, "e2e": e2e}
+              "step_profile": step_profile, "step_ab": step_ab, "matmul_shapes": matmul_shapes, "e2e": e2e,
+              "prepare_formats": prepare_formats}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "matmul_shapes",
                   "loop_overhead", "input_pipeline", "checkpoint", "decoding", "evaluation")
 NEEDS_TORCH = ("torch_reference", "matmul_shapes")

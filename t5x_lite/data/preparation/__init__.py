@@ -2,8 +2,10 @@
 
 Owns:
   prepare.py           `t5x-lite prepare`: its flags, checks and steps in order (local or gs://, s3://)
-  corpus.py            prepare's inputs: files (binary ones skipped), documents, each one's split, the
-                       vocabulary's sample
+  corpus.py            prepare's inputs: files, directories and globs (binary files skipped), documents,
+                       each one's split, the vocabulary's sample
+  formats.py           the reader of each input format, by suffix (text, .jsonl, .jsonl.gz, .jsonl.zst,
+                       .parquet), streaming; PrepareError
   spm_vocabulary.py    the SentencePiece vocabulary: trained, checked, written; tokenizing in workers
                        (with it or with a Hugging Face tokenizer)
   shards.py            a prepared directory's TFRecord shards, written; an earlier run's outputs cleared

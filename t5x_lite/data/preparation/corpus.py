@@ -1,10 +1,12 @@
 """The documents of `prepare`'s inputs: which files, their texts, each one's split, the vocabulary's sample.
 
-Inputs are files, directories (walked in sorted order) or the word `python_stdlib`; documents are
-whole files, or one per line of `.jsonl`/`.jsonl.gz` files, with their text kept exactly. A
-document's split and its place in the vocabulary's sample come from a stable hash of its key (its
-path relative to its input), so they are the same on every machine, in every run, in any order.
-Binary files (`binary_reason`: NUL bytes, or more than 1% of bytes not UTF-8) are skipped, named in one
+Inputs are files, directories (walked in sorted order), glob patterns (`shards/*.parquet`,
+`dump/**/*.jsonl.zst`) or the word `python_stdlib`; each file is read by the reader of its format
+(formats.py: whole text files, one document per jsonl line, plain or gzip or Zstandard, or per
+Parquet row), with its text kept exactly. A document's split and its place in the vocabulary's
+sample come from a stable hash of its key (its path relative to its input), so they are the same on
+every machine, in every run, in any order. Binary files (`binary_reason` of the first SNIFF_BYTES
+of what a file holds: NUL bytes, or more than 1% of bytes not UTF-8) are skipped, named in one
 warning; inputs that are all binary are refused.
 """
 
@@ -12,16 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import gzip
+import glob as globbing
 import hashlib
 import heapq
-import json
+import itertools
 import os
 import re
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from t5x_lite.errors import UserError
+from t5x_lite.data.preparation import formats
+from t5x_lite.data.preparation.formats import PrepareError  # raised here; prepare's error, defined with the readers
 
 PYTHON_STDLIB = "python_stdlib"
 SPLITS = ("train", "validation")
@@ -30,10 +33,6 @@ SNIFF_BYTES = 1 << 20  # the start of each file that is checked for binary conte
 MAX_UNDECODABLE_SHARE = 0.01  # more bytes than this share that are not UTF-8: a binary file
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # surrogateescape's stand-in for each byte that is not UTF-8
 _NAMED_SKIPPED = 3  # binary files named in a message; the rest are counted
-
-
-class PrepareError(UserError, ValueError):
-    """The inputs or options of `prepare` cannot produce a dataset; the message names the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +68,11 @@ def _stdlib_sources() -> list[Source]:
 def resolve_inputs(inputs: Sequence[str], glob: str | None = None) -> list[Source]:
     """The files named by `inputs`, in order; directories are walked recursively, sorted.
 
-    `glob` filters the file names found in directories (files named directly are always kept);
-    names starting with "." are skipped in directories. The input `python_stdlib` stands for
-    `python_stdlib_files()`. A file reached twice is kept once.
+    `glob` filters the file names found in directories (files named directly or by a pattern are
+    always kept); names starting with "." are skipped in directories. An input that is no file or
+    directory but holds `*`, `?` or `[` is a pattern (`**` crosses directories): its matches, sorted,
+    keyed like the files of the folder the pattern starts in (its part before the first wildcard). The
+    input `python_stdlib` stands for `python_stdlib_files()`. A file reached twice is kept once.
     """
     sources, seen = [], set()
     for name in inputs:
@@ -96,10 +97,33 @@ def _expand(name: str, glob: str | None) -> list[Source]:
         return _walk(name, glob)
     if os.path.isfile(name):
         return [Source(name, os.path.basename(name))]
+    if globbing.has_magic(name):
+        return _glob(name, glob)
     raise PrepareError(
         f"Input {name!r} does not exist. Pass an existing file or directory to --input "
         f"(or the word {PYTHON_STDLIB} for this Python's standard library)."
     )
+
+
+def _glob(pattern: str, glob: str | None) -> list[Source]:
+    """The files `pattern` matches (directories it matches are walked), keyed from its fixed start."""
+    matches = sorted(globbing.glob(pattern, recursive=True))
+    if not matches:
+        raise PrepareError(f"--input={pattern!r} matches no file. Check the pattern (quote it, so that "
+                           "the shell leaves it to prepare; `**` matches any folders).")
+    parts = pattern.replace(os.sep, "/").split("/")
+    fixed = ("/".join(itertools.takewhile(lambda part: not globbing.has_magic(part), parts[:-1]))
+             or ("/" if pattern.startswith("/") else ""))
+    prefix = os.path.basename(os.path.normpath(fixed)) if fixed else ""
+    sources = []
+    for path in matches:
+        relative = os.path.relpath(path, fixed or ".").replace(os.sep, "/")
+        key = f"{prefix}/{relative}" if prefix else relative
+        if os.path.isdir(path):
+            sources.extend(_walk(path, glob, prefix=key))
+        elif os.path.isfile(path):
+            sources.append(Source(path, key))
+    return sources
 
 
 def _matches(filename: str, glob: str | None) -> bool:
@@ -134,28 +158,21 @@ def binary_reason(data: bytes) -> str | None:
     return None
 
 
-def _head(source: Source) -> bytes:
-    """The first SNIFF_BYTES of what a file holds (its decompressed text for `.jsonl.gz`)."""
-    opener = gzip.open if source.path.endswith(".jsonl.gz") else open
-    try:
-        with opener(source.path, "rb") as f:
-            return f.read(SNIFF_BYTES)
-    except (OSError, EOFError) as e:  # unreadable, or a .jsonl.gz that is not gzip (gzip.BadGzipFile)
-        raise PrepareError(f"{source.path} cannot be read ({e}); fix it or leave it out of --input.") from None
-
-
 def _named(skipped: Sequence[tuple[Source, str]]) -> str:
     """'a.so (NUL bytes), b.gz (40% of bytes not UTF-8), c.bin (NUL bytes) and 5 more'."""
     named = ", ".join(f"{source.path} ({reason})" for source, reason in skipped[:_NAMED_SKIPPED])
     return named + (f" and {len(skipped) - _NAMED_SKIPPED} more" if len(skipped) > _NAMED_SKIPPED else "")
 
 
-def text_sources(sources: Sequence[Source], log: Callable[[str], None] = print) -> list[Source]:
-    """The sources that hold text (`binary_reason` of each one's first SNIFF_BYTES); the binary
-    ones are skipped with one warning naming them, and a PrepareError when nothing is left."""
+def text_sources(sources: Sequence[Source], log: Callable[[str], None] = print, *,
+                 options: formats.ReadOptions = formats.ReadOptions()) -> list[Source]:
+    """The sources that hold text (`binary_reason` of the first SNIFF_BYTES of what each holds: its
+    bytes, decompressed for a compressed jsonl, its column's text for Parquet); the binary ones are
+    skipped with one warning naming them, and a PrepareError when nothing is left. A file its
+    reader cannot open (corrupt, wrong column) raises its InputFileError here, before any output."""
     kept, skipped = [], []
     for source in sources:
-        reason = binary_reason(_head(source))
+        reason = binary_reason(formats.reader_for(source.path).head(source.path, SNIFF_BYTES, options))
         if reason is None:
             kept.append(source)
         else:
@@ -163,7 +180,7 @@ def text_sources(sources: Sequence[Source], log: Callable[[str], None] = print) 
     if skipped and not kept:
         raise PrepareError(
             f"Every input file is binary, not text: {_named(skipped)}. prepare reads UTF-8 text files and "
-            ".jsonl/.jsonl.gz; pass those to --input, or select them in a directory with --glob (e.g. --glob='*.txt').")
+            f"{formats.format_names()}; pass those to --input, or select them in a directory with --glob (e.g. --glob='*.txt').")
     if skipped:
         log(f"warning: skipped {len(skipped)} binary file{'s' if len(skipped) > 1 else ''} of {len(sources)} "
             f"(NUL bytes, or over {MAX_UNDECODABLE_SHARE:.0%} of bytes not UTF-8): {_named(skipped)}; "
@@ -171,42 +188,17 @@ def text_sources(sources: Sequence[Source], log: Callable[[str], None] = print) 
     return kept
 
 
-def iter_documents(sources: Iterable[Source], jsonl_field: str = "text") -> Iterator[Document]:
-    """The non-empty (not whitespace-only) documents of `sources`, numbered from 0 in order."""
+def iter_documents(sources: Iterable[Source], jsonl_field: str = "text",
+                   text_column: str = "text") -> Iterator[Document]:
+    """The non-empty (not whitespace-only) documents of `sources`, numbered from 0 in order, each
+    file read by its format's reader (`formats.reader_for`)."""
+    options = formats.ReadOptions(jsonl_field=jsonl_field, text_column=text_column)
     next_id = 0
     for source in sources:
-        for key, text in _read_source(source, jsonl_field):
+        for key, text in formats.reader_for(source.path).documents(source.path, source.key, options):
             if text.strip():
                 yield Document(next_id, key, text)
                 next_id += 1
-
-
-def _read_source(source: Source, jsonl_field: str) -> Iterator[tuple[str, str]]:
-    if source.path.endswith((".jsonl", ".jsonl.gz")):
-        yield from _read_jsonl(source, jsonl_field)
-    else:
-        with open(source.path, encoding="utf-8", errors="replace", newline="") as f:
-            yield source.key, f.read()
-
-
-def _read_jsonl(source: Source, field: str) -> Iterator[tuple[str, str]]:
-    opener = gzip.open if source.path.endswith(".gz") else open
-    with opener(source.path, "rt", encoding="utf-8", errors="replace") as f:
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{source.path}:{line_number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PrepareError(f"{where} is not valid JSON ({e}); fix or remove that line.")
-            if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                fields = sorted(record) if isinstance(record, dict) else []
-                raise PrepareError(
-                    f"{where} has no string field {field!r} (fields: {fields}). "
-                    "Pass the name of the text field with --jsonl_field."
-                )
-            yield f"{source.key}:{line_number}", record[field]
 
 
 # ------------------------------------------------------------------------ split and sample

@@ -1,6 +1,6 @@
-"""Text and jsonl → a SentencePiece vocabulary and sharded, tokenized TFRecords.
+"""Text, jsonl and Parquet → a SentencePiece vocabulary and sharded, tokenized TFRecords.
 
-`python -m t5x_lite.data.preparation.prepare --input=DIR_OR_FILE --out=DATA_DIR` writes to DATA_DIR:
+`python -m t5x_lite.data.preparation.prepare --input=DIR_FILE_OR_GLOB --out=DATA_DIR` writes to DATA_DIR:
 
   spm.model, spm.vocab                 SentencePiece unigram model (pad 0, eos 1, unk 2, no bos), or
   tokenizer/                           with --tokenizer: a copy of a Hugging Face tokenizer (its ids
@@ -12,8 +12,10 @@
 DATA_DIR may also be gs://BUCKET/PREFIX or s3://BUCKET/PREFIX: the dataset is prepared in a
 local temporary directory, then uploaded (metadata.json last).
 
-Documents are whole files, or one per line of `.jsonl`/`.jsonl.gz` files. Each document's text is
-kept exactly (newlines, indentation, tabs), so the vocabulary suits source code as well as prose.
+Documents are whole files, or one per line of `.jsonl` files (also `.jsonl.gz`, `.jsonl.zst`;
+the text under --jsonl_field), or one per row of `.parquet` files (the string column
+--text_column), read as they stream (formats.py). Each document's text is kept exactly (newlines,
+indentation, tabs), so the vocabulary suits source code as well as prose.
 
 `--tokenizer=PATH` tokenizes with a Hugging Face tokenizer instead of training a vocabulary: a
 tokenizer.json, a SentencePiece tokenizer.model, a Hugging Face model folder, or a converted
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from t5x_lite import host_memory, storage
-from t5x_lite.data.preparation import corpus, shards, spm_vocabulary
+from t5x_lite.data.preparation import corpus, formats, shards, spm_vocabulary
 from t5x_lite.data.preparation.corpus import PYTHON_STDLIB, PrepareError
 from t5x_lite.data.records import prepared_dataset
 from t5x_lite.data.records.prepared_dataset import METADATA_FILE, VOCAB_FILE
@@ -83,7 +85,7 @@ def _check_out_dir(out_dir: str, overwrite: bool) -> None:
 def _check_splits(num_documents: dict[str, int], inputs: Sequence[str]) -> None:
     if not sum(num_documents.values()):
         raise PrepareError(f"No documents found in {', '.join(inputs)}: every file is empty "
-                           "(or, for jsonl, every line is blank). Check --input and --glob.")
+                           "(or every jsonl line, every Parquet row is blank). Check --input and --glob.")
     if not num_documents["validation"]:
         raise PrepareError(
             f"The validation split is empty ({num_documents['train']} documents, all in train). "
@@ -126,17 +128,18 @@ def _hf_tokenizer(path: str) -> tuple[tokenizer_files.TokenizerSource, object]:
 
 
 def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = None, num_shards: int = 4,
-            validation_fraction: float = 0.05, jsonl_field: str = "text", glob: str | None = None,
-            vocab_sample_bytes: int = 20_000_000, num_workers: int | None = None, seed: int = 0,
+            validation_fraction: float = 0.05, jsonl_field: str = "text", text_column: str = "text",
+            glob: str | None = None, vocab_sample_bytes: int = 20_000_000, num_workers: int | None = None, seed: int = 0,
             vocab_model: str | None = None, tokenizer: str | None = None, overwrite: bool = False,
             log: Callable[[str], None] = print) -> dict:
-    """Prepares `inputs` (files, directories or `python_stdlib`) as a dataset in `out_dir`.
+    """Prepares `inputs` (files, directories, glob patterns or `python_stdlib`) as a dataset in `out_dir`.
 
     Each document goes to validation with probability `validation_fraction`, decided by a stable
-    hash of its key (path relative to its input, `path:line` for jsonl) and `seed`. The unigram
-    vocabulary is trained on a deterministic sample of about `vocab_sample_bytes` of training
-    text (`vocab_size` pieces, default 8192), unless `vocab_model` names an existing model to copy or
-    `tokenizer` a Hugging Face tokenizer to use (see the module docstring). Train gets `num_shards` shards,
+    hash of its key (path relative to its input, `path:line` for jsonl, without a .gz or .zst suffix,
+    `path:row` for Parquet) and `seed`. The unigram vocabulary is trained on a deterministic sample
+    of about `vocab_sample_bytes` of training text (`vocab_size` pieces, default 8192), unless
+    `vocab_model` names an existing model to copy or `tokenizer` a Hugging Face tokenizer to use
+    (see the module docstring). Train gets `num_shards` shards,
     validation min(num_shards, its documents). Outputs are identical for the same inputs and
     seed, whatever `num_workers` (the vocabulary trainer always uses VOCAB_TRAINER_THREADS).
     Returns the metadata in `metadata.json`, plus `input_mb`, `tokenize_mb_per_s` and `seconds`.
@@ -152,8 +155,10 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
     vocab_size = DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
     _check_out_dir(out_dir, overwrite)
     hf_source, hf_vocab = _hf_tokenizer(tokenizer) if tokenizer else (None, None)
-    sources = corpus.text_sources(corpus.resolve_inputs(inputs, glob), log)  # binary files skipped, named
-    survey = corpus.survey(corpus.iter_documents(sources, jsonl_field), seed=seed,
+    read_options = formats.ReadOptions(jsonl_field=jsonl_field, text_column=text_column)
+    sources = corpus.text_sources(corpus.resolve_inputs(inputs, glob), log,  # binary files skipped, named
+                                  options=read_options)
+    survey = corpus.survey(corpus.iter_documents(sources, jsonl_field, text_column), seed=seed,
                            validation_fraction=validation_fraction,
                            vocab_sample_bytes=vocab_sample_bytes)
     _check_splits(survey.num_documents, inputs)
@@ -185,7 +190,7 @@ def prepare(*, inputs: Sequence[str], out_dir: str, vocab_size: int | None = Non
     tokenize_start = time.perf_counter()
     num_shards_per_split = {"train": num_shards,
                             "validation": min(num_shards, survey.num_documents["validation"])}
-    encoded = spm_vocabulary.tokenize(corpus.iter_documents(sources, jsonl_field),
+    encoded = spm_vocabulary.tokenize(corpus.iter_documents(sources, jsonl_field, text_column),
                                       model_file=model_file, num_workers=num_workers, make_encoder=make_encoder)
     splits = shards.write_shards(encoded, out_dir=out_dir, num_shards=num_shards_per_split,
                                            seed=seed, validation_fraction=validation_fraction)
@@ -245,13 +250,15 @@ def prepare_remote(*, out_dir: str, overwrite: bool = False,
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="t5x-lite prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("--input", action="append", required=True, dest="inputs",
-                   help=f"file or directory (repeatable), or {PYTHON_STDLIB}")
+                   help="file, directory or quoted glob pattern (repeatable), or "
+                   f"{PYTHON_STDLIB}; read by suffix: .jsonl, .jsonl.gz, .jsonl.zst, .parquet, else whole text files")
     p.add_argument("--out", required=True, dest="out_dir",
                    help="directory to write (local, gs://BUCKET/PREFIX or s3://BUCKET/PREFIX)")
     p.add_argument("--vocab_size", type=int, help=f"pieces of the vocabulary to train (default {DEFAULT_VOCAB_SIZE})")
     p.add_argument("--num_shards", type=int, default=4)
     p.add_argument("--validation_fraction", type=float, default=0.05)
-    p.add_argument("--jsonl_field", default="text", help="text field of .jsonl records")
+    p.add_argument("--jsonl_field", default="text", help="text field of .jsonl(.gz/.zst) records")
+    p.add_argument("--text_column", default="text", help="string column of .parquet files")
     p.add_argument("--glob", help='file-name filter inside directories, e.g. "*.py"')
     p.add_argument("--vocab_sample_bytes", type=int, default=20_000_000,
                    help="training text used to learn the vocabulary")
