@@ -25,7 +25,8 @@ Tasks are registered as for training: by the gin files' task factories (MIXTURE_
 flags are those of `t5x-lite train` (--gin_file, --gin.KEY=VALUE, --gin_search_paths).
 
 Reading the cache in a run (the same gin flags, plus):
-  --gin.lm_task.cache_dir="'DIR'" --gin.train/DataConfig.use_cached=True
+  --gin.USE_CACHED_TASKS=True --seqio_additional_cache_dirs=DIR   (any task; t5x's flag)
+  --gin.USE_CACHED_TASKS=True --gin.lm_task.cache_dir="'DIR'"     (an lm_task)
 
 Beam pipeline flags (any apache_beam PipelineOptions flag; the default is --runner=DirectRunner):
   all local cores   --direct_num_workers=0 --direct_running_mode=multi_processing

@@ -18,6 +18,7 @@ from t5x_lite import errors, host_memory
 from t5x_lite.config import parsing
 from t5x_lite.config import reference as config_reference
 from t5x_lite.config import resolve as config_resolve
+from t5x_lite.config import t5x_macros
 from t5x_lite.config.parsing import builtin_gin_dir
 from t5x_lite.config.resolve import format_value
 
@@ -119,7 +120,8 @@ def unused_warnings(resolved) -> list[str]:
     """One line per binding that the run never uses, with a hint at what was meant.
 
     Bindings from t5x_lite's own gin/ files are left out: those are defaults for parts that a
-    run switches on (PerplexityEval's settings in runs/eval.gin, say), not typos.
+    run switches on (PerplexityEval's settings in runs/eval.gin, say), not typos; so are t5x
+    macros set to what this project does anyway (t5x_macros.py).
     """
 
     builtin = str(builtin_gin_dir().resolve())
@@ -129,12 +131,17 @@ def unused_warnings(resolved) -> list[str]:
         path = binding.source.rsplit(":", 1)[0]
         if not binding.source.startswith("--gin.") and os.path.abspath(path).startswith(builtin):
             continue
+        if t5x_macros.accepted_unused(binding):  # t5x's USE_HARDWARE_RNG = False: what is done here anyway
+            continue
         lines.append(f"{binding.key} ({binding.source}): {_hint(binding, resolved)}")
     return lines
 
 
 def _hint(binding, resolved) -> str:
     if binding.is_macro:
+        t5x_hint = t5x_macros.unused_hint(binding.key, resolved.entry)
+        if t5x_hint:
+            return t5x_hint
         unused = {id(s) for s in resolved.unused}
         used_macros = [key[1] for key, s in resolved.settings.items() if key[0] == "macro" and id(s) not in unused]
         close = difflib.get_close_matches(binding.key, used_macros, n=2)

@@ -1,7 +1,8 @@
 """Macros a run may leave unset, and two names for one macro (t5x's and this project's).
 
 Mesh files are composed with run files in any order, so a run file cannot give MESH_AXES a
-default (a later `MESH_AXES = None` would undo a mesh file read before it). Instead a macro in
+default (a later `MESH_AXES = None` would undo a mesh file read before it); nor can a model
+file give DROPOUT_RATE one (it would undo a run file's, as t5x's run files set it). Instead a macro in
 `DEFAULTS` that the run uses and nothing sets takes its default here, and `config explain`
 names it as set by "default (...)" with the reason.
 
@@ -12,6 +13,7 @@ gin would otherwise settle silently in favour of whichever name the run file rea
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -20,12 +22,14 @@ import gin
 from t5x_lite.config.parsing import ConfigError
 from t5x_lite.config.sources import Binding
 
-# name: (gin value, why it is the default)
+# name: (gin value, a Python literal; why it is the default)
 DEFAULTS: dict[str, tuple[str, str]] = {
     "MESH_AXES": ("None", "no mesh file given: data parallel when the model and its optimizer state fit "
                           "one device, else FSDP; docs/partitioning.md"),
     "LOGICAL_AXIS_RULES": ("None", "no mesh file given: the standard rule table, "
                                    "parallel/partitioning.DEFAULT_RULES"),
+    # Read by every gin/models file; a run file or flag may set it before or after the model file.
+    "DROPOUT_RATE": ("0.0", "no file or flag sets it: no dropout"),
 }
 
 
@@ -37,8 +41,8 @@ def bind_unset_defaults(bindings: Sequence[Binding], macros_used: Callable[[obje
     for name, (text, why) in DEFAULTS.items():
         if name in used and name not in defined:
             gin.parse_config(f"{name} = {text}")
-            added.append(Binding(scope="", selector=name, param="", value=None, source=f"default ({why})",
-                                 text=f"{name} = {text}"))
+            added.append(Binding(scope="", selector=name, param="", value=ast.literal_eval(text),
+                                 source=f"default ({why})", text=f"{name} = {text}"))
     return added
 
 

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import gin
 
-from t5x_lite.config import macro_defaults, parsing, registry
+from t5x_lite.config import macro_defaults, parsing, registry, t5x_macros
 from t5x_lite.config import sources as config_sources
 from t5x_lite.config.parsing import ConfigError
 from t5x_lite.config.sources import Binding
@@ -168,6 +168,7 @@ def load_run(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (), gin_
                                             gin_search_paths=gin_search_paths, skip_unknown=skip_unknown)
     bindings = [*bindings, *macro_defaults.bind_unset_defaults(bindings, macros_used)]
     macro_defaults.check_aliases(bindings, macros_used)
+    t5x_macros.check_refused(bindings, macros_used)
     if check_macros:
         check_macros_defined(bindings)
     return resolve(bindings, entry=entry)

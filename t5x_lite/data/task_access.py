@@ -9,8 +9,9 @@ data/iterators.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from t5x_lite import storage
 from t5x_lite.data import task_registry
 from t5x_lite.errors import ConfigValueError, MissingExtraError, TaskDataError
 from t5x_lite.tf_setup import import_tensorflow
@@ -200,6 +201,31 @@ def get_task(name: str) -> Any:
             f"No seqio task or mixture named {name!r}. Known: {known}. Register it in a module "
             "and name that module with --gin.MIXTURE_OR_TASK_MODULE=\"'my.module'\"."
         ) from None
+
+
+def add_cache_dirs(dirs: Sequence[str]) -> None:
+    """Adds `dirs` to the directories seqio searches for any task's offline cache (t5x's
+    --seqio_additional_cache_dirs; `t5x-lite cache --output_cache_dir` writes there)."""
+    seqio = import_seqio("--seqio_additional_cache_dirs")
+    seqio.add_global_cache_dirs([storage.absolute(d) for d in dirs])
+
+
+def check_cached(provider: Any) -> None:
+    """TaskDataError, one line naming the command that builds the cache and how a run finds it, when
+    a task of `provider` (a seqio task or mixture read with use_cached) could be cached but is not.
+    A task that cannot be cached at all (no seqio.CacheDatasetPlaceholder) seqio reads on the fly."""
+    for task in getattr(provider, "tasks", None) or [provider]:
+        if getattr(task, "supports_caching", False) and not task.cache_dir:
+            import seqio  # imported with the task's own module already
+
+            searched = seqio.get_global_cache_dirs()
+            raise TaskDataError(
+                f"Task {task.name!r} has no offline cache (USE_CACHED_TASKS=True; "
+                f"{f'searched {searched}' if searched else 'no cache directory is named'}). Build it with "
+                f"`t5x-lite cache --tasks={task.name} --output_cache_dir=DIR` and --module=MODULE or the run's "
+                "--gin_file/--gin.X flags; then name DIR with --seqio_additional_cache_dirs=DIR, "
+                "seqio.add_global_cache_dirs(['DIR']) in the task's module, or --gin.lm_task.cache_dir=\"'DIR'\" "
+                "(docs/from_t5x.md); or read it on the fly: --gin.USE_CACHED_TASKS=False.")
 
 
 def task_vocabulary(name: str) -> Any:

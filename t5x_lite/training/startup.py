@@ -247,6 +247,9 @@ def restore_or_initialise(*, spec: RunSpec, trainer: Trainer, checkpointer: chec
         replaced_config = _read_config(checkpointer.work_dir)
         write_run_files(checkpointer.work_dir, config_text=config_text, train_data=spec.train_data)
     writer.print(f"Resuming from the checkpoint at step {latest} in {checkpoint_lib.checkpoints_dir(model_dir)}.")
+    if spec.train_steps is not None and latest >= spec.train_steps:
+        writer.print(f"Nothing to train: step {latest} is TRAIN_STEPS already; raise TRAIN_STEPS or use a new "
+                     "MODEL_DIR to train.")
     if init_from is not None:
         writer.print(f"train.init_from ({init_from.checkpoint}) is not used: {model_dir} already holds this "
                      f"run's own checkpoint (step {latest}), and a restarted run resumes rather than starting "

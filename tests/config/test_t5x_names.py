@@ -46,12 +46,12 @@ def train_spec(files, flags):
 
 def test_macro_never_set_names_the_macro(tmp_path):
     run = tmp_path / "run.gin"
-    run.write_text("include 'runs/quickstart.gin'\ntrain.log_period = %MY_LOG_PERIOD\n")
+    run.write_text("include 'runs/quickstart.gin'\ntrain.log_period = %LOG_EVERY_N\n")
     with pytest.raises(parsing.ConfigError) as e:
         load([str(run)], [])
     message = str(e.value)
-    assert "%MY_LOG_PERIOD is used but never set" in message
-    assert "--gin.MY_LOG_PERIOD=VALUE" in message and "{name}" not in message
+    assert "%LOG_EVERY_N is used but never set" in message
+    assert "--gin.LOG_EVERY_N=VALUE" in message and "{name}" not in message
 
 
 def test_a_macro_read_only_by_an_overridden_binding_is_not_required(tmp_path):

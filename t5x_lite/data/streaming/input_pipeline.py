@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from t5x_lite.data.records import tfrecord_stream
-from t5x_lite.data.task_access import DataConfig, get_task
+from t5x_lite.data.task_access import DataConfig, check_cached, get_task
 from t5x_lite.errors import UserError
 from t5x_lite.tf_setup import import_tensorflow
 
@@ -137,6 +137,8 @@ def epoch_rows(config: DataConfig, *, epoch: int, shard_index: int, num_shards: 
         raise MissingSplitError(
             f"{config.mixture_or_task_name!r} has no split {config.split!r}; its splits are "
             f"{sorted(provider.splits)}. Set DataConfig.split (train/DataConfig.split or eval/DataConfig.split).")
+    if config.use_cached:
+        check_cached(provider)  # one line naming the cache command, not seqio's assertion
     dataset = provider.get_dataset(
         sequence_length=lengths,
         split=config.split,
