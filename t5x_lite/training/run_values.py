@@ -208,7 +208,7 @@ def check_model_dir(model_dir: str) -> None:
     """Where the run writes: a local MODEL_DIR must be a directory (or one that can be made, below
     a writable directory); a remote one must be reachable. Reads, never writes."""
     if storage.is_url(model_dir):
-        storage.exists(model_dir)  # an unreachable store or missing credentials: a StorageError naming it
+        storage.check_bucket(model_dir)  # a missing bucket, an unreachable store or no credentials: one line
         return
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise RunConfigError(f"MODEL_DIR {model_dir!r} is a file, not a directory; choose a directory for the run's "

@@ -93,4 +93,17 @@ def test_a_run_on_gcs_resumes_bitwise_after_sigkill_and_one_trainer_wins(gcs_ser
                                  "--temperature=0")
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sampled.stdout.strip()
+
+    prompts = f"gs://{BUCKET}/prompts.jsonl"
+    storage.write_whole(prompts, '{"prompt": "def "}\n{"prompt": "class "}\n')
+    inferred = run_cli_in_process("infer", "--gin_file=runs/infer.gin", f"--gin.MODEL_DIR='{run}'",
+                                  f"--gin.PROMPTS='{prompts}'", f"--gin.OUTPUT='{run}/outputs.jsonl'",
+                                  "--gin.DecodingConfig.max_decode_length=4")
+    assert inferred.returncode == 0, inferred.stderr[-3000:]
+    with storage.open(f"{run}/outputs.jsonl", "r") as f:
+        assert [json.loads(line)["prompt"] for line in f] == ["def ", "class "]
+
+    exported = run_cli_in_process("convert", "to-hf", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert (tmp_path / "hf" / "config.json").is_file()
     assert os.environ["STORAGE_EMULATOR_HOST"]  # every read above went to the emulator
