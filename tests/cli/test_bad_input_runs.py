@@ -51,6 +51,7 @@ def test_a_run_already_at_its_limit_is_done_and_keeps_config_gin(data_dir, train
     result = train_in_process(data_dir, model_dir, "--gin.TRAIN_STEPS=40", "--gin.train.eval_batches=1")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Resuming from the checkpoint at step 40" in result.stdout
+    assert "Nothing to train: step 40 is TRAIN_STEPS already" in result.stdout
     assert "step 40: validation loss" in result.stdout
     assert (model_dir / "config.gin").read_bytes() == config_before
     assert checkpoint_files(model_dir) == checkpoints_before
