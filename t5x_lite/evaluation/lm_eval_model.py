@@ -36,6 +36,7 @@ from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import UserError
 from t5x_lite.evaluation import perplexity as perplexity_eval
 from t5x_lite.inference import predict, scoring
+from t5x_lite.inference import prompts as prompts_lib
 from t5x_lite.models.generation import LENGTH_BUCKET
 
 logger = logging.getLogger("lm_eval.t5x_lite")  # shown with lm-eval's own log lines
@@ -267,8 +268,8 @@ class T5xLiteLM(LM):
 
     def fit_prompt(self, prompt: list[int], max_gen_toks: int) -> list[int]:
         """A decoder-only prompt keeps its last tokens so that BOS, it and max_gen_toks new tokens fit
-        max_len (at least its last token stays); an encoder-decoder's inputs gain EOS."""
-        if not self.decoder_only:
+        max_len (at least its last token stays); an encoder-decoder's inputs gain EOS (inference/prompts.py)."""
+        if prompts_lib.inputs_end_with_eos(self.config):
             return [*prompt, self.eos_id]
         return predict.fit_prompt(self.config, prompt, max_gen_toks)
 

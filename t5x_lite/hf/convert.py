@@ -7,7 +7,8 @@ folder has one) and the folder's other files under hf/.
 
 `to_hf`: a checkpoint's model config -> config.json, then each parameter array read alone from
 the checkpoint (whatever mesh saved it) and its tensors streamed into safetensors files; the
-tokenizer files of a from-hf conversion (hf/) are copied back.
+tokenizer files of MODEL_DIR/hf/ are copied back, and the run's special tokens written into
+config.json, generation_config.json and tokenizer_config.json (special_tokens.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from t5x_lite import storage
 from t5x_lite.checkpoints import checkpoint, lookup
 from t5x_lite.checkpoints.init_from import flatten, unflatten
 from t5x_lite.data.vocab import tokenizer_files
-from t5x_lite.hf import families, rules, safetensors_files
+from t5x_lite.hf import families, rules, safetensors_files, special_tokens
 from t5x_lite.hf.errors import ConversionError
 from t5x_lite.models import BaseModel
 
@@ -175,8 +176,9 @@ def _copy_folder_files(model_dir: str, out: str) -> None:
 def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str = "float32",
           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, log: Callable[[str], None] = print) -> list[str]:
     """Writes the checkpoint `checkpoint_path` (a model directory or a step directory) as a Hugging
-    Face folder `out` (config.json, safetensors, and the tokenizer files of a from-hf conversion);
-    returns the weight files."""
+    Face folder `out` (config.json, safetensors, the tokenizer files of MODEL_DIR/hf/, and the run's
+    special tokens in config.json, generation_config.json and tokenizer_config.json); returns the
+    weight files."""
 
     if dtype not in OUTPUT_DTYPES:
         raise ConversionError(f"--dtype={dtype!r}; choose one of {list(OUTPUT_DTYPES)}.")
@@ -190,9 +192,12 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
     try:
         metadata = reader.metadata(step)
         model = BaseModel.from_metadata(metadata["family"], metadata["model"])
-        base = _hf_base_config(model_dir) or _token_ids(model_dir)
+        base = _hf_base_config(model_dir)
+        vocabulary = special_tokens.run_vocabulary(model_dir)
+        ids = special_tokens.run_ids(model, vocabulary)
         family = families.for_model(model, prefer=base.get("model_type"))
-        hf_config = {**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype}
+        hf_config = special_tokens.merged({**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype},
+                                          ids)
         dims = family.dims(hf_config)
         mapping = family.mapping(model)
         steps = rules.expand(mapping, scanned=model.scan_layers, dims=dims)
@@ -210,6 +215,9 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
             with open(os.path.join(partial, CONFIG_FILE), "w") as f:
                 json.dump(hf_config, f, indent=2, sort_keys=True)
             tokenizer_note = _write_tokenizer(model_dir, partial)
+            special_tokens.write_generation_config(partial, ids)
+            if vocabulary is not None and tokenizer_files.model_dir_tokenizer(model_dir) is not None:
+                special_tokens.write_tokenizer_config(partial, vocabulary, ids)
             if os.path.isdir(out):
                 os.rmdir(out)  # empty (checked above)
             os.rename(partial, out)
@@ -224,7 +232,8 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
 
 
 def _hf_base_config(model_dir: str) -> dict[str, Any]:
-    """A converted directory's original config.json (token ids and other fields t5x_lite does not model)."""
+    """A converted directory's original config.json (fields t5x_lite does not model; its token ids are kept
+    where they name the run's tokens: special_tokens.merged)."""
 
     path = storage.join(model_dir, HF_SUBDIR, CONFIG_FILE)
     if not storage.exists(path):
@@ -235,20 +244,6 @@ def _hf_base_config(model_dir: str) -> dict[str, Any]:
     for key in ("transformers_version", "_name_or_path"):
         config.pop(key, None)
     return config
-
-
-def _token_ids(model_dir: str) -> dict[str, int]:
-    """pad/eos/bos ids of the directory's SentencePiece vocabulary (vocab/spm.model), for generation."""
-
-    path = storage.join(model_dir, "vocab", "spm.model")
-    if not storage.exists(path):
-        return {}
-    import sentencepiece  # only to-hf needs it
-
-    with storage.open(path, "rb") as f:
-        vocabulary = sentencepiece.SentencePieceProcessor(model_proto=f.read())
-    ids = {"pad_token_id": vocabulary.pad_id(), "eos_token_id": vocabulary.eos_id(), "bos_token_id": vocabulary.bos_id()}
-    return {k: v for k, v in ids.items() if v >= 0}
 
 
 def _check_checkpoint_shapes(saved: Any, abstract: dict[str, Any], model_dir: str, step: int) -> None:

@@ -28,6 +28,7 @@ from t5x_lite.data import task_access, task_modules
 from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.errors import ConfigValueError, TaskDataError
 from t5x_lite.inference import predict
+from t5x_lite.inference import prompts as prompts_lib
 from t5x_lite.models import BaseModel
 
 
@@ -60,7 +61,8 @@ def chunk_path(output: str, chunk: int) -> str:
 
 
 def read_jsonl_prompts(path: str, *, prompt_field: str, encode) -> list[Prompt]:
-    """Every line of a jsonl file as a prompt: a JSON object with the text in `prompt_field`."""
+    """Every line of a jsonl file as a prompt: a JSON object with the text in `prompt_field`, made ids by
+    `encode` (infer passes `prompts.encode_prompt` for the model: an encoder-decoder's end with EOS)."""
     if not storage.exists(path):
         raise TaskDataError(f"The prompts file {path!r} does not exist.")
     prompts = []
@@ -81,14 +83,20 @@ def read_jsonl_prompts(path: str, *, prompt_field: str, encode) -> list[Prompt]:
     return prompts
 
 
-def task_prompts(mixture_or_task_name: str, split: str) -> tuple[list[Prompt], Any]:
-    """A task split's `inputs` as prompts (records carry the inputs and targets text), and its vocabulary."""
+def task_prompts(mixture_or_task_name: str, split: str, model: BaseModel) -> tuple[list[Prompt], Any]:
+    """A task split's `inputs` as prompts (records carry the inputs and targets text), and its vocabulary.
+
+    The ids are those the task's preprocessors make, as in training; when they end otherwise than
+    `prompts.encode_prompt` ends a prompt's text for `model`, a note says so (prompts.task_encoding_note)."""
 
     if "inputs" not in task_access.task_features(mixture_or_task_name):
         raise TaskDataError(f"Task {mixture_or_task_name!r} has no 'inputs' feature to use as prompts; use a "
                             "text-to-text task, or a jsonl file of prompts (infer.prompts_file).")
     task = task_access.get_task(mixture_or_task_name)
     vocabulary = task.output_features["targets"].vocabulary
+    note = prompts_lib.task_encoding_note(model, mixture_or_task_name, bool(task.output_features["inputs"].add_eos))
+    if note and jax.process_index() == 0:
+        print(note, flush=True)
     dataset = task.get_dataset(sequence_length=None, split=split, shuffle=False, num_epochs=1)
     prompts = []
     for index, example in enumerate(dataset.as_numpy_iterator()):
@@ -181,16 +189,21 @@ def infer(
         print(f"decoding on {restored.placement.describe()}{each}", flush=True)
     if prompts_file is not None:
         vocabulary = restored.vocabulary()
-        prompts = read_jsonl_prompts(prompts_file, prompt_field=prompt_field, encode=vocabulary.encode)
+        prompts = read_jsonl_prompts(prompts_file, prompt_field=prompt_field,
+                                     encode=lambda text: prompts_lib.encode_prompt(restored.config, vocabulary, text))
         what = f"{prompts_file}: prompt"
     else:
-        prompts, vocabulary = task_prompts(mixture_or_task_name, split)
+        prompts, vocabulary = task_prompts(mixture_or_task_name, split, restored.config)
         what = f"{mixture_or_task_name} {split}: example"
     predict.check_prompt_lengths(restored.config, [p.tokens for p in prompts], what=what)
-    _pin_manifest(output, manifest, {
+    pinned = {
         "model_dir": restored.model_dir, "step": restored.step, "prompts": prompts_file or mixture_or_task_name,
         "split": None if prompts_file else split, "num_prompts": len(prompts), "chunk_size": chunk_size,
-        "decoding": dataclasses.asdict(decoding)})
+        "decoding": dataclasses.asdict(decoding)}
+    if prompts_file is not None and prompts_lib.inputs_end_with_eos(restored.config):
+        # Chunks of a run whose prompts were read without EOS are not resumed with ones read with it.
+        pinned["prompt_encoding"] = prompts_lib.describe(restored.config)
+    _pin_manifest(output, manifest, pinned)
 
     chunks = chunk_ranges(len(prompts), chunk_size)
     counts = {"written": 0, "skipped": 0}
