@@ -8,6 +8,7 @@
   input_pipeline input pipeline tokens/s vs. train-step consumption; epoch counting; iterator restore
   prepare_formats  prepare MB/s of the same text as .jsonl, .jsonl.gz, .jsonl.zst and .parquet
   checkpoint     checkpoint save/restore GB/s vs. the disk's dd speed; async save blocked time
+  storage        checkpoint save/restore and by-index reads on gs:// (a local GCS emulator) vs. local disk
   decoding       generation tokens/s, KV cache vs. recompute; T5 beam search
   evaluation     eval throughput: strided perplexity tokens/s, multiple-choice examples/s
   gpu_decoders   bf16 tokens/s and MFU of gin/models/decoder_*.gin on a GPU (first remat that fits)

@@ -23,6 +23,7 @@ from bench import (
     remat_memory,
     step_ab,
     step_profile,
+    storage,
     throughput,
     torch_reference,
 )
@@ -33,7 +34,7 @@ BENCHMARKS = {"matmul_peak": matmul_peak, "compile_time": compile_time, "remat_m
               "input_pipeline": input_pipeline, "checkpoint": checkpoint, "decoding": decoding,
               "evaluation": evaluation, "torch_reference": torch_reference, "large_models": large_models,
               "step_profile": step_profile, "step_ab": step_ab, "matmul_shapes": matmul_shapes, "e2e": e2e,
-              "prepare_formats": prepare_formats}
+              "prepare_formats": prepare_formats, "storage": storage}
 CPU_BENCHMARKS = ("matmul_peak", "compile_time", "remat_memory", "throughput", "torch_reference", "matmul_shapes",
                   "loop_overhead", "input_pipeline", "checkpoint", "decoding", "evaluation")
 NEEDS_TORCH = ("torch_reference", "matmul_shapes")
