@@ -19,19 +19,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import gin
 
-from t5x_lite.config.parsing import ConfigError
+from t5x_lite.config.parsing import MACRO_DEFAULTS, ConfigError
 from t5x_lite.config.sources import Binding
 
-# name: (gin value, a Python literal; why it is the default)
-DEFAULTS: dict[str, tuple[str, str]] = {
-    "MESH_AXES": ("None", "no mesh file given: data parallel when the model and its optimizer state fit "
-                          "one device, else FSDP; docs/partitioning.md"),
-    "LOGICAL_AXIS_RULES": ("None", "no mesh file given: the standard rule table, "
-                                   "parallel/partitioning.DEFAULT_RULES"),
-    # Read by every gin/models file; a run file or flag may set it before or after the model file.
-    "DROPOUT_RATE": ("0.0", "no file or flag sets it: no dropout"),
-}
-
+# name: (gin value, a Python literal; why it is the default). `parsing.parse` binds them before
+# any file, so that gin itself has them wherever a file reads one that nothing sets.
+DEFAULTS = MACRO_DEFAULTS
 
 def bind_unset_defaults(bindings: Sequence[Binding], macros_used: Callable[[object], list[str]]) -> list[Binding]:
     """Binds each macro of DEFAULTS that `bindings` read but never set, in gin too; returns those bindings."""

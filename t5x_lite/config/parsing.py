@@ -66,6 +66,17 @@ def split_gin_flags(argv: Sequence[str]) -> tuple[list[str], list[str], list[str
     return files, bindings, paths, rest
 
 
+# Macros a run may leave unset (macro_defaults.py): name -> (gin value, why it is the default).
+MACRO_DEFAULTS: dict[str, tuple[str, str]] = {
+    "MESH_AXES": ("None", "no mesh file given: data parallel when the model and its optimizer state fit "
+                          "one device, else FSDP; docs/partitioning.md"),
+    "LOGICAL_AXIS_RULES": ("None", "no mesh file given: the standard rule table, "
+                                   "parallel/partitioning.DEFAULT_RULES"),
+    # Read by every gin/models file; a run file or flag may set it before or after the model file.
+    "DROPOUT_RATE": ("0.0", "no file or flag sets it: no dropout"),
+}
+
+
 def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
           gin_search_paths: Sequence[str] = (), skip_unknown: bool = False) -> None:
     """Parses gin files then bindings into gin's global config (cleared first).
@@ -85,6 +96,8 @@ def parse(*, gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
         raise ConfigError("No --gin_file given; for example --gin_file=runs/quickstart.gin.")
     task_modules.make_current_directory_importable()  # a gin file's `import` of the user's own module
     reading: list[str] = []  # the gin file being parsed (innermost include last), while it is
+    for name, (value, _) in MACRO_DEFAULTS.items():  # first: any file or flag that sets one wins
+        gin.parse_config(f"{name} = {value}")
     try:
         with _quiet_search_misses(), _noting_files(reading):
             gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings), finalize_config=False,

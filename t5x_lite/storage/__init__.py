@@ -23,6 +23,7 @@ from t5x_lite.storage.files import (
                                     makedirs,
                                     nearest_existing,
                                     open,
+                                    read_ranges,
                                     remove,
                                     remove_tree,
                                     rename,
@@ -35,5 +36,5 @@ from t5x_lite.storage.object_stores import GCS_PREFIX, S3_PREFIX, StorageError, 
 configure_environment()  # before Orbax first opens a gs:// path (see object_stores.py)
 
 __all__ = ["GCS_PREFIX", "S3_PREFIX", "StorageError", "absolute", "bucket_of", "check_bucket", "copy", "exists",
-           "glob", "is_gcs", "is_s3", "is_url", "join", "listdir", "makedirs", "nearest_existing", "open", "remove",
+           "glob", "is_gcs", "is_s3", "is_url", "join", "listdir", "makedirs", "nearest_existing", "open", "read_ranges", "remove",
            "remove_tree", "rename", "tensorflow_readable", "walk_files", "write_whole"]

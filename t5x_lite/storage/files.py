@@ -112,6 +112,19 @@ def open(path: str, mode: str = "rb") -> IO:  # noqa: A001 - the module's own op
     return builtins.open(path, mode, encoding=None if "b" in mode else "utf-8")
 
 
+def read_ranges(paths: list[str], starts: list[int], ends: list[int | None]) -> list[bytes]:
+    """The bytes [start, end) of each file (`end` None: to the end of the file). On an object store
+    the ranges are requested concurrently, each exactly its bytes; URLs must share one scheme."""
+    if paths and is_url(paths[0]):
+        return _remote(paths[0], "cat_ranges", list(paths), list(starts), list(ends), on_error="raise")
+    out = []
+    for path, start, end in zip(paths, starts, ends):
+        with builtins.open(path, "rb") as f:
+            f.seek(start)
+            out.append(f.read() if end is None else f.read(end - start))
+    return out
+
+
 def write_whole(path: str, text: str) -> None:
     """Writes text file `path` so that it exists only once complete.
 

@@ -156,21 +156,30 @@ class SplitRecords:
         return int(self.index[record, 1])
 
     def _file(self, shard: int):
+        """This thread's open file of a local shard."""
         files = self._local.__dict__.setdefault("files", {})
         if shard not in files:
-            path = self.shard_paths[shard]
-            files[shard] = open(path, "rb") if not storage.is_url(path) else storage.open(path, "rb")  # noqa: SIM115
+            files[shard] = open(self.shard_paths[shard], "rb")  # noqa: SIM115 - closed by close()
         return files[shard]
 
     def read(self, records: Iterable[int]) -> list[bytes]:
-        """The serialized records, CRC-checked (CorruptRecordError names the file and byte)."""
+        """The serialized records, CRC-checked (CorruptRecordError names the file and byte). On an
+        object store each record is one ranged request, all of them concurrent."""
+        records = list(records)
+        shards = [int(np.searchsorted(self.shard_starts, r, side="right")) - 1 for r in records]
+        offsets = [int(self.index[r, 0]) for r in records]
+        if self.shard_paths and storage.is_url(self.shard_paths[0]):
+            # A record ends where the next one of its shard starts (the last one, at the file's end).
+            ends = [int(self.index[r + 1, 0]) if r + 1 < self.shard_starts[s + 1] else None
+                    for r, s in zip(records, shards)]
+            paths = [self.shard_paths[s] for s in shards]
+            sources = [io.BytesIO(b) for b in storage.read_ranges(paths, offsets, ends)]
+        else:
+            sources = [self._file(shard) for shard in shards]
         out = []
-        for record in records:
-            shard = int(np.searchsorted(self.shard_starts, record, side="right")) - 1
-            offset = int(self.index[record, 0])
-            f = self._file(shard)
-            f.seek(offset)
-            frame = read_frame(f, offset)
+        for shard, offset, source in zip(shards, offsets, sources):
+            source.seek(offset if isinstance(source, io.BufferedReader) else 0)
+            frame = read_frame(source, offset)
             path = self.shard_paths[shard]
             if frame is None or frame.damage is not None and frame.damage.in_header:
                 what = frame.damage.value if frame is not None else "the file ends before it"
