@@ -32,6 +32,11 @@ def test_storage_functions_on_gcs(gcs_server, tmp_path):
     with storage.open(f"{base}/sub/b.bin", "rb") as f:  # a ranged read
         f.seek(300)
         assert f.read(4) == bytes([44, 45, 46, 47])
+    local_copy = tmp_path / "ranges.bin"
+    local_copy.write_bytes(bytes(range(256)) * 4)
+    for path in (f"{base}/sub/b.bin", str(local_copy)):  # concurrent ranged requests; the same locally
+        assert storage.read_ranges([path, path], [300, 1020], [304, None]) == [bytes([44, 45, 46, 47]),
+                                                                               bytes([252, 253, 254, 255])]
 
     storage.write_whole(f"{base}/whole.txt", "all at once")
     storage.rename(f"{base}/sub", f"{base}/moved")
