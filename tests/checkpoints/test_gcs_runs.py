@@ -106,4 +106,8 @@ def test_a_run_on_gcs_resumes_bitwise_after_sigkill_and_one_trainer_wins(gcs_ser
     exported = run_cli_in_process("convert", "to-hf", f"--checkpoint={run}", f"--out={tmp_path / 'hf'}")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (tmp_path / "hf" / "config.json").is_file()
+    back = f"gs://{BUCKET}/from-hf"  # and back into a model directory on gs://: the same parameters
+    imported = run_cli_in_process("convert", "from-hf", f"--model_dir={tmp_path / 'hf'}", f"--out={back}")
+    assert imported.returncode == 0, imported.stderr[-3000:]
+    assert_trees_equal(final_params(back)[1], params_b)
     assert os.environ["STORAGE_EMULATOR_HOST"]  # every read above went to the emulator
