@@ -173,7 +173,14 @@ def gcs_server(tmp_path_factory):
             pytest.MonkeyPatch.context() as env:
         for key, value in gcs_emulator.environment(url).items():
             env.setenv(key, value)
-        yield url
+        # gcsfs instances made for another emulator (etils.epath's, through fsspec) keep its address.
+        from gcsfs.core import GCSFileSystem
+
+        GCSFileSystem.clear_instance_cache()
+        try:
+            yield url
+        finally:
+            GCSFileSystem.clear_instance_cache()
 
 
 def pytest_collection_finish(session):

@@ -73,10 +73,12 @@ def check_bucket(path: str) -> None:
     if not is_url(path):
         return
     bucket = bucket_of(path)
-    if not _remote(path, "exists", bucket):
+    try:
+        _remote(path, "info", bucket)  # unlike `exists`, an endpoint that does not answer raises
+    except FileNotFoundError:
         where = object_stores.gcs_endpoint() if is_gcs(path) else object_stores.s3_endpoint()
         raise StorageError(f"Bucket {bucket} of {path!r} does not exist (at {where}) or these credentials cannot "
-                           "see it; create it, or fix the name or the credentials.")
+                           "see it; create it, or fix the name or the credentials.") from None
 
 
 def exists(path: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from t5x_lite.storage.object_stores import GCS_CREDENTIALS_FIX, GCS_PREFIX, StorageError, emulator_url, gcs_endpoint
 
 FAILED = object()  # what GcsObject._call returns for a failed precondition or a missing object
-_clients: dict[int, Any] = {}
+_clients: dict[tuple[int, str | None], Any] = {}
 _clients_lock = threading.Lock()
 
 
@@ -24,15 +24,15 @@ def _client():
 
     from google.cloud import storage as gcs  # only gs:// leases need it
 
+    key = (os.getpid(), emulator_url())  # a forked process, or another emulator: a new client
     with _clients_lock:
-        pid = os.getpid()
-        if pid not in _clients:
-            if emulator_url():
-                _clients[pid] = gcs.Client.create_anonymous_client()
+        if key not in _clients:
+            if key[1]:
+                _clients[key] = gcs.Client.create_anonymous_client()
             else:
                 # The project only matters for listing or creating buckets, which this never does.
-                _clients[pid] = gcs.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "none")
-        return _clients[pid]
+                _clients[key] = gcs.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT") or "none")
+        return _clients[key]
 
 
 class GcsObject:

@@ -76,7 +76,8 @@ def filesystem(path: str) -> Any:
 
         # Application default credentials or a clear error, never a silent anonymous fallback; no
         # listing cache: other processes (a trainer, its evaluators) change the same prefixes.
-        return GCSFileSystem(token="anon" if emulator_url() else "google_default", cache_timeout=0)
+        url = emulator_url()  # named, so that fsspec's instance cache keeps one per endpoint
+        return GCSFileSystem(token="anon" if url else "google_default", cache_timeout=0, endpoint_url=url)
     raise StorageError(f"{path!r}: only local paths, gs:// and s3:// are supported.")
 
 
