@@ -44,7 +44,7 @@ def table() -> dict[str, tuple[Any, ...]]:
         "Checkpoints": (retention.RetentionPolicy, init_from.InitFrom),
         "Evaluation and decoding": (eval_loop.PerplexityEval, eval_loop.MultipleChoiceEval, eval_loop.SeqioEval,
                                     predict.DecodingConfig),
-        "Metric writers": tuple(tracking.WRITERS.values()),
+        "Metric writers": tuple(sorted(tracking.WRITERS.values(), key=lambda writer: writer.__name__)),
     }
 
 
