@@ -20,7 +20,7 @@ Public names: `checkpoint.Checkpointer`, `checkpoint.to_saveable`, `checkpoint.c
 `checkpoint.checkpoints_dir`; `lookup.locate`, `lookup.CheckpointNotFoundError`,
 `lookup.DamagedCheckpointError`; `lease.Lease`, `lease.live_holder`; `manifest.check`, `manifest.write`;
 `retention.RetentionPolicy`; `init_from.InitFrom`, `resolve`, `load_params`, `copy_hf_files`,
-`flatten`, `unflatten`; `restored_model.restore`, `RestoredModel`.
+`flatten`, `unflatten`; `restored_model.restore`, `RestoredModel`, `run_vocabulary`.
 
 May import (pyproject.toml's layers contract): data, parallel, metrics, models, storage, errors,
 tf_setup.

@@ -25,6 +25,16 @@ from t5x_lite.models import BaseModel
 from t5x_lite.parallel.placement import Placement
 
 
+def run_vocabulary(model_dir: str) -> Vocabulary | None:
+    """The vocabulary a run reads text with: the Hugging Face tokenizer in MODEL_DIR/hf/ when it is
+    the model's, else MODEL_DIR/vocab/spm.model; None when it has neither."""
+    vocabulary = hf_vocabulary.model_dir_vocabulary(model_dir)
+    spm = storage.join(model_dir, "vocab", "spm.model")
+    if vocabulary is None and storage.exists(spm):
+        vocabulary = SentencePieceVocabulary(spm)
+    return vocabulary
+
+
 @dataclasses.dataclass(frozen=True)
 class RestoredModel:
     """A checkpoint's model config and its float32 params, sharded as `placement` says."""
@@ -44,11 +54,9 @@ class RestoredModel:
         the model's (a from-hf conversion, or a run trained on such a tokenizer; its own special ids,
         docs/interop.md), else the run's SentencePiece model (MODEL_DIR/vocab/spm.model, seqio's ids).
         Neither needs TensorFlow or seqio (`seqio_vocabularies.as_seqio` makes a seqio one of it)."""
-        vocabulary = hf_vocabulary.model_dir_vocabulary(self.model_dir)
+        vocabulary = run_vocabulary(self.model_dir)
         if vocabulary is not None:
             return vocabulary
-        if storage.exists(self.vocabulary_file):
-            return SentencePieceVocabulary(self.vocabulary_file)
         raise TaskDataError(f"{self.model_dir} has no vocab/spm.model (the run's task does not use a SentencePiece "
                             "vocabulary) and no Hugging Face tokenizer in hf/ (tokenizer.json or tokenizer.model), "
                             "so text cannot be tokenized for it; use a seqio task whose features carry the "

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_lite import storage
-from t5x_lite.checkpoints import checkpoint, lookup
+from t5x_lite.checkpoints import checkpoint, lookup, restored_model
 from t5x_lite.checkpoints.init_from import flatten, unflatten
 from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.hf import families, rules, safetensors_files, special_tokens
@@ -193,7 +193,7 @@ def to_hf(checkpoint_path: str, out: str, *, step: int | None = None, dtype: str
         metadata = reader.metadata(step)
         model = BaseModel.from_metadata(metadata["family"], metadata["model"])
         base = _hf_base_config(model_dir)
-        vocabulary = special_tokens.run_vocabulary(model_dir)
+        vocabulary = restored_model.run_vocabulary(model_dir)
         ids = special_tokens.run_ids(model, vocabulary)
         family = families.for_model(model, prefer=base.get("model_type"))
         hf_config = special_tokens.merged({**base, **family.config_to_hf(model), "dtype": dtype, "torch_dtype": dtype},

@@ -16,24 +16,13 @@ import json
 import os
 from typing import Any
 
-from t5x_lite import storage
-from t5x_lite.data.vocab import hf_vocabulary, tokenizer_files
-from t5x_lite.data.vocab.sentencepiece_vocabulary import SentencePieceVocabulary
+from t5x_lite.data.vocab import tokenizer_files
 from t5x_lite.models import BaseModel
 from t5x_lite.models.generation import PAD_ID
 
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-
-
-def run_vocabulary(model_dir: str) -> Any | None:
-    """The vocabulary the run reads text with (as checkpoints/restored_model.py picks it), or None."""
-    vocabulary = hf_vocabulary.model_dir_vocabulary(model_dir)
-    spm = storage.join(model_dir, "vocab", "spm.model")
-    if vocabulary is None and storage.exists(spm):
-        vocabulary = SentencePieceVocabulary(spm)
-    return vocabulary
 
 
 def _id(value: Any) -> int | None:
